@@ -1,0 +1,1 @@
+"""Kubernetes operator for SGLang HiCache serving of hybrid Qwen models."""

@@ -1,0 +1,139 @@
+"""Generate the CustomResourceDefinition from the typed spec, so the schema can never drift from Python.
+
+Pydantic emits JSON Schema (2020-12); Kubernetes wants a structural OpenAPI v3.0 subset: no `$ref`, no
+`anyOf` with null, no `title`, boolean `exclusiveMinimum`, no `additionalProperties: false` beside
+`properties`, and object defaults only as `{}` so the server fills nested defaults itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from . import spec as api
+
+Schema = dict[str, Any]
+
+PRINTER_COLUMNS = [
+    {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+    {"name": "Replicas", "type": "string", "jsonPath": ".status.replicasSummary",
+     "description": "Ready/desired serving pods"},
+    {"name": "TP", "type": "integer", "jsonPath": ".spec.runtime.tensorParallelSize"},
+    {"name": "Host-GB/Rank", "type": "number", "jsonPath": ".status.launch.hostMemoryPerRankGB", "priority": 0},
+    {"name": "Disk", "type": "string", "jsonPath": ".spec.hicache.disk.size"},
+    {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+     "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def _resolve(node: Any, defs: Schema) -> Any:
+    """Inline `$ref`s and convert every JSON Schema construct Kubernetes does not accept."""
+    if isinstance(node, list):
+        return [_resolve(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    while "$ref" in node or "anyOf" in node:
+        if "$ref" in node:
+            target = defs[node.pop("$ref").rsplit("/", 1)[-1]]
+            node = {**target, **node}
+        else:
+            variants = [v for v in node.pop("anyOf") if v.get("type") != "null"]
+            if len(variants) != 1:
+                raise ValueError(f"cannot express a union of {len(variants)} types in a structural schema")
+            node = {**variants[0], **node}
+    out: Schema = {}
+    for key, value in node.items():
+        if key in ("title", "$defs") or (key == "additionalProperties" and value is False):
+            continue
+        if key == "properties":
+            out[key] = {k: _resolve(v, defs) for k, v in value.items()}
+        elif key in ("items", "additionalProperties"):
+            out[key] = _resolve(value, defs)
+        elif key == "exclusiveMinimum":
+            out.update(minimum=value, exclusiveMinimum=True)
+        elif key == "exclusiveMaximum":
+            out.update(maximum=value, exclusiveMaximum=True)
+        elif key == "const":
+            out["enum"] = [value]
+        else:
+            out[key] = value
+    return _fix_default(out)
+
+
+def _fix_default(node: Schema) -> Schema:
+    """Drop null defaults; object defaults become `{}` (the server then applies the nested defaults)."""
+    if "default" not in node:
+        return node
+    if node["default"] is None:
+        del node["default"]
+    elif node.get("type") == "object" and "properties" in node:
+        if node.get("required"):
+            del node["default"]
+        else:
+            node["default"] = {}
+    return node
+
+
+def openapi_schema(model: type[api.ApiModel]) -> Schema:
+    """Structural OpenAPI v3 schema for a pydantic model."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    return _resolve(raw, raw.get("$defs", {}))
+
+
+STATUS_SCHEMA: Schema = {
+    "type": "object",
+    "description": "Observed state, written by the operator once per reconcile.",
+    "x-kubernetes-preserve-unknown-fields": True,
+}
+
+
+def build_crd() -> Schema:
+    """The complete CRD object."""
+    root = {
+        "type": "object",
+        "description": "A SGLang serving deployment of a hybrid Qwen model with the hierarchical KV cache.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": openapi_schema(api.QwenHiCacheServerSpec),
+            "status": STATUS_SCHEMA,
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{api.PLURAL}.{api.GROUP}", "labels": {"app.kubernetes.io/part-of": "qwen-hicache"}},
+        "spec": {
+            "group": api.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": api.KIND,
+                "plural": api.PLURAL,
+                "singular": api.SINGULAR,
+                "shortNames": list(api.SHORT_NAMES),
+                "listKind": f"{api.KIND}List",
+                "categories": ["all", "qwenhicache"],
+            },
+            "versions": [
+                {
+                    "name": api.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": root},
+                }
+            ],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    """The CRD as the YAML committed under `crds/`."""
+    header = "# Generated by `qwen-hicache crd` from operator/qwen_hicache/spec.py. Do not edit.\n"
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100)

@@ -1,0 +1,272 @@
+"""The QwenHiCacheServer API: the single source of truth for the CRD schema, defaults and validation.
+
+Every rule here exists twice on purpose: as a pydantic check (so `render`/`size` refuse bad input with
+no cluster) and as an OpenAPI constraint or CEL rule in the generated CRD (so the API server refuses it
+before the operator ever sees it). `tests/test_spec.py` checks that both agree.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from .geometry import Geometry
+from .typed import ApiModel, cel
+
+GROUP = "qwenhicache.io"
+VERSION = "v1alpha1"
+KIND = "QwenHiCacheServer"
+PLURAL = "qwenhicacheservers"
+SINGULAR = "qwenhicacheserver"
+SHORT_NAMES = ["qhc"]
+API_VERSION = f"{GROUP}/{VERSION}"
+
+PROFILES = ("qwen3.8-flash-next",)
+PAGE_SIZES = [2**i for i in range(11)]
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+KvCacheDtype = Literal["auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2"]
+SsmDtype = Literal["float32", "bfloat16", "float16"]
+WritePolicy = Literal["write_through", "write_through_selective", "write_back"]
+PrefetchPolicy = Literal["best_effort", "wait_complete", "timeout"]
+MemLayout = Literal["layer_first", "page_first", "page_first_direct", "page_first_kv_split", "page_head"]
+IoBackend = Literal["kernel", "direct"]
+
+
+class WeightsVolume(ApiModel):
+    """Where the weights are: an existing PersistentVolumeClaim, mounted read-only."""
+
+    claim_name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_LABEL.replace("a-z0-9]", "a-z0-9.]"))]
+    """Name of the PersistentVolumeClaim in the resource's namespace that holds the weights."""
+    path: Annotated[str, Field(pattern=r"^[^/].*|^$", max_length=1024)] = ""
+    """Directory inside the claim that holds `config.json` and the weights (relative, no leading slash)."""
+
+
+class ModelSpec(ApiModel):
+    """What is served. The revision and geometry identify the bytes of every cached page."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel("has(self.profile) || has(self.geometry)", "model needs a built-in profile or explicit geometry"),
+            ]
+        }
+    }
+
+    weights: WeightsVolume
+    """Weights volume (read-only)."""
+    served_name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")]
+    """Name clients use in requests (`--served-model-name`); part of every disk-cache file name."""
+    revision: Annotated[str, Field(min_length=7, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:+-]*$")]
+    """Commit or digest of the weights. Required: the disk cache is only valid for these exact weights."""
+    profile: Literal[PROFILES] | None = "qwen3.8-flash-next"  # type: ignore[valid-type]
+    """Built-in model geometry (`qwen3.8-flash-next`). Explicit `geometry` fields override it."""
+    geometry: Geometry | None = None
+    """Explicit model geometry; each field set here overrides the profile."""
+
+
+class SpeculativeSpec(ApiModel):
+    """Speculative decoding (MTP draft). Its draft state is part of every cached page."""
+
+    algorithm: Literal["NEXTN", "EAGLE", "EAGLE3"] = "NEXTN"
+    """`--speculative-algorithm`."""
+    num_steps: Annotated[int, Field(ge=1, le=16)] = 3
+    """`--speculative-num-steps`."""
+    num_draft_tokens: Annotated[int, Field(ge=1, le=64)] = 4
+    """`--speculative-num-draft-tokens`."""
+    eagle_topk: Annotated[int, Field(ge=1, le=16)] = 1
+    """`--speculative-eagle-topk`."""
+
+
+class EnvVar(ApiModel):
+    """A literal environment variable for the runtime container."""
+
+    name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+    """Variable name."""
+    value: str = ""
+    """Variable value."""
+
+
+class Toleration(ApiModel):
+    """A pod toleration, as in core/v1."""
+
+    key: str | None = None
+    """Taint key."""
+    operator: Literal["Exists", "Equal"] | None = None
+    """`Exists` or `Equal`."""
+    value: str | None = None
+    """Taint value for `Equal`."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to tolerate; empty tolerates all."""
+    toleration_seconds: int | None = None
+    """For `NoExecute`: how long the pod stays bound after the taint appears."""
+
+
+class RuntimeSpec(ApiModel):
+    """The SGLang runtime: image, parallelism, memory and decoding settings, placement."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.speculative) || self.pageSize >= self.speculative.numDraftTokens",
+                    "pageSize must be at least speculative.numDraftTokens",
+                ),
+            ]
+        }
+    }
+
+    image: Annotated[str, Field(min_length=1, max_length=512)]
+    """Patched runtime image (`Dockerfile.hicache`), by digest preferred (`repo@sha256:...`)."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """Pull policy for the runtime image."""
+    tensor_parallel_size: Annotated[int, Field(ge=1, le=16)] = 1
+    """`--tp-size`; also the number of GPUs per pod."""
+    context_length: Annotated[int, Field(ge=256)] | None = None
+    """`--context-length`; the model's own maximum when unset."""
+    max_running_requests: Annotated[int, Field(ge=1, le=4096)] | None = None
+    """`--max-running-requests`."""
+    kv_cache_dtype: KvCacheDtype = "auto"
+    """`--kv-cache-dtype`; `auto` uses the model dtype (bf16)."""
+    mamba_ssm_dtype: SsmDtype | None = None
+    """`--mamba-ssm-dtype` for the GDN/Mamba recurrent state; the runtime's default (float32) when unset."""
+    max_mamba_cache_size: Annotated[int, Field(ge=1)] | None = None
+    """`--max-mamba-cache-size`: device Mamba state slots."""
+    mem_fraction_static: Annotated[float, Field(gt=0, lt=1)] | None = None
+    """`--mem-fraction-static`."""
+    page_size: Annotated[int, Field(json_schema_extra={"enum": PAGE_SIZES})] = 64
+    """`--page-size` in tokens: a power of two; 64 is the file tier's unit (one file per page)."""
+    speculative: SpeculativeSpec | None = None
+    """Speculative decoding; off when unset."""
+    port: Annotated[int, Field(ge=1024, le=65535)] = 30000
+    """HTTP port of the runtime."""
+    extra_args: list[str] = []
+    """Extra runtime flags, appended last. Flags the operator derives from the spec are refused here."""
+    env: list[EnvVar] = []
+    """Extra environment variables for the runtime container."""
+    gpu_resource_name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9.-]+/[A-Za-z0-9._-]+$")] = (
+        "nvidia.com/gpu"
+    )
+    """Extended resource that provides GPUs; the pod asks for `tensorParallelSize` of it."""
+    node_selector: dict[str, str] = {}
+    """Node labels the pods must match."""
+    tolerations: list[Toleration] = []
+    """Tolerations for GPU node taints."""
+    startup_timeout_seconds: Annotated[int, Field(ge=60, le=86400)] = 3600
+    """How long model loading may take before the startup probe gives up."""
+    gpu_memory_gb: Annotated[float, Field(gt=0)] = 141.0
+    """Memory of one GPU in GB, used to estimate the device pools when `hicache.deviceKVTokens` is unset."""
+    node_memory: Annotated[str, Field(pattern=QUANTITY)] | None = None
+    """Allocatable memory of the target nodes (quantity); sizing refuses a pod that cannot fit."""
+
+    @model_validator(mode="after")
+    def _draft_fits_page(self) -> RuntimeSpec:
+        if self.speculative and self.page_size < self.speculative.num_draft_tokens:
+            raise ValueError("pageSize must be at least speculative.numDraftTokens")
+        return self
+
+
+class DiskTierSpec(ApiModel):
+    """The file tier (`--hicache-storage-backend file`) on a per-replica persistent volume."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "!self.enabled || has(self.size) || has(self.capPerRank)",
+                    "disk tier is enabled but has no size: set hicache.disk.size (volume per replica) or capPerRank",
+                ),
+            ]
+        }
+    }
+
+    enabled: bool = False
+    """Keep pages in files on a persistent volume per replica, so restarts warm-start."""
+    size: Annotated[str, Field(pattern=QUANTITY)] | None = None
+    """Volume size per replica (a Kubernetes quantity, e.g. `600Gi`), shared by all TP ranks."""
+    storage_class_name: str | None = None
+    """StorageClass of the cache volumes; the cluster default when unset."""
+    cap_per_rank: Annotated[str, Field(pattern=QUANTITY)] | None = None
+    """File-tier payload cap per TP rank; derived from `size` when unset, and `size` from it when only it is set."""
+    retention: Literal["Retain", "Delete"] = "Retain"
+    """What happens to the cache volumes when the resource is deleted or scaled down."""
+
+    @model_validator(mode="after")
+    def _size_when_enabled(self) -> DiskTierSpec:
+        if self.enabled and self.size is None and self.cap_per_rank is None:
+            raise ValueError("disk tier is enabled but has no size: set hicache.disk.size (volume per replica) or capPerRank")
+        return self
+
+
+_LAYOUT_IO_RULE = "(self.memLayout == 'page_first_direct') == (self.ioBackend == 'direct')"
+_LAYOUT_IO_MESSAGE = "memLayout page_first_direct goes with ioBackend direct, and page_first with kernel"
+_HYBRID_LAYOUT_MESSAGE = "the hybrid (Mamba) host pool accepts only memLayout page_first or page_first_direct"
+
+
+class HiCacheSpec(ApiModel):
+    """The hierarchical cache: GPU -> host RAM -> files."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel("self.memLayout in ['page_first', 'page_first_direct']", _HYBRID_LAYOUT_MESSAGE),
+                cel(_LAYOUT_IO_RULE, _LAYOUT_IO_MESSAGE),
+                cel(
+                    "!(has(self.hostMemoryPerRankGB) && has(self.hostRatio))",
+                    "set hostMemoryPerRankGB or hostRatio, not both",
+                ),
+            ]
+        }
+    }
+
+    host_memory_per_rank_gb: Annotated[float | None, Field(gt=0, alias="hostMemoryPerRankGB")] = None
+    """`--hicache-size`: host RAM per TP rank in GB (1e9 bytes) for the KV, index and Mamba host pools."""
+    host_ratio: Annotated[float, Field(gt=1)] | None = None
+    """`--hicache-ratio`: host pools as a multiple of the device pools (used when no size is set)."""
+    write_policy: WritePolicy = "write_through"
+    """`--hicache-write-policy`. `write_back` never writes un-evicted prefixes to disk (no warm restart)."""
+    prefetch_policy: PrefetchPolicy = "timeout"
+    """`--hicache-storage-prefetch-policy`; `wait_complete` when a restore must be proven."""
+    mem_layout: MemLayout = "page_first"
+    """`--hicache-mem-layout`; hybrid models need `page_first` or `page_first_direct`."""
+    io_backend: IoBackend = "kernel"
+    """`--hicache-io-backend`: `kernel` with page_first, `direct` with page_first_direct."""
+    device_kv_tokens: Annotated[int | None, Field(ge=1, alias="deviceKVTokens")] = None
+    """Device KV pool per rank in tokens, as the runtime logs it at startup; makes host sizing exact."""
+    disk: DiskTierSpec = DiskTierSpec()
+    """The disk tier; off unless enabled with a size."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> HiCacheSpec:
+        if self.mem_layout not in ("page_first", "page_first_direct"):
+            raise ValueError(_HYBRID_LAYOUT_MESSAGE)
+        if (self.mem_layout == "page_first_direct") != (self.io_backend == "direct"):
+            raise ValueError(_LAYOUT_IO_MESSAGE)
+        if self.host_memory_per_rank_gb is not None and self.host_ratio is not None:
+            raise ValueError("set hostMemoryPerRankGB or hostRatio, not both")
+        return self
+
+
+class QwenHiCacheServerSpec(ApiModel):
+    """Desired state of one SGLang HiCache serving deployment."""
+
+    model: ModelSpec
+    """The model and its weights."""
+    runtime: RuntimeSpec
+    """The SGLang runtime."""
+    hicache: HiCacheSpec = HiCacheSpec()
+    """The hierarchical KV cache."""
+    replicas: Annotated[int, Field(ge=0, le=64)] = 1
+    """Number of serving pods; each has `tensorParallelSize` GPUs and its own disk-cache volume."""
+
+
+_FLAG = re.compile(r"^(--[a-z0-9-]+)")
+
+
+def flag_name(arg: str) -> str | None:
+    """The `--flag` part of `--flag=value` or `--flag`, else None."""
+    m = _FLAG.match(arg)
+    return m.group(1) if m else None
