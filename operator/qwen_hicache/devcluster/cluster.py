@@ -1,0 +1,391 @@
+"""Start etcd plus the mini-apiserver on loopback, with fresh certificates and a kubeconfig.
+
+Servers never outlive their owner: they get PR_SET_PDEATHSIG (when started from the main thread,
+since the signal follows the forking *thread*), and a detached watchdog kills them and removes
+the run directory once the owning process is gone or `max_lifetime_s` has passed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+import yaml
+
+from .build import DevClusterError, Log, ensure_built, etcd_path, tail
+
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_PRCTL = _LIBC.prctl  # resolved before any fork, so the child only makes a plain C call
+_DISABLED_ADMISSION = (
+    "NamespaceLifecycle,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,"
+    "ValidatingAdmissionPolicy,MutatingAdmissionPolicy"
+)
+_UNUSED_KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: none, cluster: {server: "http://127.0.0.1:1"}}]
+contexts: [{name: none, context: {cluster: none, user: none}}]
+current-context: none
+users: [{name: none, user: {username: x, password: x}}]
+"""
+# Runs detached; argv: owner pid, deadline (epoch s), run dir. Kills every process whose command
+# line names the run dir (so no pid list, and no pid-reuse accidents), then removes the dir.
+_WATCHDOG = """
+import os, shutil, signal, sys, time
+owner, deadline, run_dir = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+while os.getppid() == owner and time.time() < deadline:
+    time.sleep(0.5)
+def servers():
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(pid) != os.getpid() and run_dir.encode() in open(f"/proc/{pid}/cmdline", "rb").read():
+                yield int(pid)
+        except OSError:
+            pass
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    for pid in servers():
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+    time.sleep(2)
+shutil.rmtree(run_dir, ignore_errors=True)
+"""
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def write_kubeconfig(
+    path: Path, server: str, ca: Path, cert: Path, key: Path, namespace: str = "default"
+) -> Path:
+    """A kubeconfig that verifies the server against `ca` (no insecure-skip-tls-verify)."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "contexts": [
+            {"name": "local", "context": {"cluster": "local", "user": "admin", "namespace": namespace}}
+        ],
+        "current-context": "local",
+        "users": [{"name": "admin", "user": {"client-certificate": str(cert), "client-key": str(key)}}],
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def make_certs(run_dir: Path) -> None:
+    """CA, a serving cert for 127.0.0.1/localhost and an admin client cert (system:masters)."""
+    (run_dir / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl(
+        "req",
+        "-x509",
+        *ec,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "7",
+        "-subj",
+        "/CN=qwen-hicache-dev-ca",
+        cwd=run_dir,
+    )
+    for name, subj, ext in (
+        ("server", "/CN=127.0.0.1", ["-extfile", "san.ext"]),
+        ("admin", "/O=system:masters/CN=admin", []),
+    ):
+        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subj, cwd=run_dir)
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.crt",
+            "-days",
+            "7",
+            *ext,
+            cwd=run_dir,
+        )
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    res = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise DevClusterError(f"openssl {' '.join(args[:2])} failed: {res.stderr.strip()}")
+
+
+def _die_with_parent_preexec() -> Callable[[], None] | None:
+    """A preexec_fn setting PR_SET_PDEATHSIG=SIGKILL, or None off the main thread (see module doc)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+class DevCluster:
+    """A throwaway local Kubernetes API server (real 1.36 apiserver code + etcd) on 127.0.0.1.
+
+    Use as a context manager, or call start()/stop(). After start(): `.server`, `.kubeconfig`.
+    """
+
+    def __init__(
+        self,
+        apiserver: Path | None = None,
+        etcd: Path | None = None,
+        *,
+        cache_dir: Path | str | None = None,
+        startup_timeout_s: float = 60.0,
+        max_lifetime_s: float = 8 * 3600,
+        log: Log = print,
+    ) -> None:
+        self._apiserver, self._etcd, self._cache_dir = apiserver, etcd, cache_dir
+        self.startup_timeout_s, self.max_lifetime_s, self._log = startup_timeout_s, max_lifetime_s, log
+        self.run_dir: Path | None = None
+        self.server = ""
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs: list[IO[bytes]] = []
+        self._watchdog: subprocess.Popen[bytes] | None = None
+
+    # ---- public ----
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self._dir / "kubeconfig"
+
+    @property
+    def ca_cert(self) -> Path:
+        return self._dir / "ca.crt"
+
+    @property
+    def client_cert(self) -> tuple[Path, Path]:
+        return self._dir / "admin.crt", self._dir / "admin.key"
+
+    def env(self) -> dict[str, str]:
+        """Environment additions for subprocesses (kubectl, helm, an operator) to use this cluster."""
+        return {"KUBECONFIG": str(self.kubeconfig)}
+
+    def start(self) -> DevCluster:
+        """Start etcd and the apiserver on fresh loopback ports; returns once /healthz is ok."""
+        if self.run_dir is not None:
+            raise DevClusterError("DevCluster already started")
+        apiserver = self._apiserver or ensure_built(self._cache_dir, self._log)
+        etcd = self._etcd or etcd_path(self._cache_dir)
+        self.run_dir = Path(tempfile.mkdtemp(prefix="qwen-hicache-kube-"))
+        started = time.monotonic()
+        try:
+            make_certs(self._dir)
+            (self._dir / "unused.kubeconfig").write_text(_UNUSED_KUBECONFIG)
+            self._start_watchdog()
+            self._start_servers(apiserver, etcd)
+        except BaseException:
+            self.stop()
+            raise
+        self._log(
+            f"devcluster: API server {self.server} up in {time.monotonic() - started:.1f}s; "
+            f"KUBECONFIG={self.kubeconfig}"
+        )
+        return self
+
+    def stop(self) -> None:
+        """Stop both servers and remove the run directory; safe to call more than once."""
+        if self._watchdog is not None:
+            self._watchdog.kill()
+            self._watchdog.wait()
+            self._watchdog = None
+        self._stop_procs()
+        if self.run_dir is not None:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            self.run_dir = None
+
+    def __enter__(self) -> DevCluster:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # ---- internals ----
+
+    @property
+    def _dir(self) -> Path:
+        if self.run_dir is None:
+            raise DevClusterError("DevCluster is not started")
+        return self.run_dir
+
+    def _start_servers(self, apiserver: Path, etcd: Path) -> None:
+        for attempt in range(3):  # a free port can be taken by someone else before we bind it
+            etcd_port, peer_port, api_port = free_ports(3)
+            self.server = f"https://127.0.0.1:{api_port}"
+            self._spawn("etcd", self._etcd_cmd(etcd, etcd_port, peer_port))
+            self._spawn("apiserver", self._apiserver_cmd(apiserver, etcd_port, api_port))
+            try:
+                self._wait_ready()
+                break
+            except DevClusterError as exc:
+                if attempt == 2 or "address already in use" not in str(exc):
+                    raise
+                self._stop_procs()
+        write_kubeconfig(self.kubeconfig, self.server, self.ca_cert, *self.client_cert)
+
+    def _etcd_cmd(self, etcd: Path, port: int, peer: int) -> list[str]:
+        client, peer_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{peer}"
+        return [
+            str(etcd),
+            "--data-dir",
+            str(self._dir / "etcd"),
+            "--name",
+            "default",
+            "--listen-client-urls",
+            client,
+            "--advertise-client-urls",
+            client,
+            "--listen-peer-urls",
+            peer_url,
+            "--initial-advertise-peer-urls",
+            peer_url,
+            "--initial-cluster",
+            f"default={peer_url}",
+            "--unsafe-no-fsync",
+            "--log-level",
+            "warn",
+        ]
+
+    def _apiserver_cmd(self, apiserver: Path, etcd_port: int, port: int) -> list[str]:
+        d, unused = self._dir, str(self._dir / "unused.kubeconfig")
+        return [
+            str(apiserver),
+            "--etcd-servers",
+            f"http://127.0.0.1:{etcd_port}",
+            "--bind-address",
+            "127.0.0.1",
+            "--secure-port",
+            str(port),
+            "--tls-cert-file",
+            str(d / "server.crt"),
+            "--tls-private-key-file",
+            str(d / "server.key"),
+            "--cert-dir",
+            str(d / "certs"),
+            "--client-ca-file",
+            str(self.ca_cert),
+            "--authentication-skip-lookup",
+            "--authentication-kubeconfig",
+            unused,
+            "--authorization-kubeconfig",
+            unused,
+            "--kubeconfig",
+            unused,
+            "--disable-admission-plugins",
+            _DISABLED_ADMISSION,
+            "--enable-garbage-collector=false",
+        ]
+
+    def _spawn(self, name: str, cmd: list[str]) -> None:
+        out = open(self._dir / f"{name}.log", "ab")  # noqa: SIM115 - closed in _stop_procs
+        self._logs.append(out)
+        self._procs[name] = subprocess.Popen(
+            cmd,
+            cwd=self._dir,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent_preexec(),
+        )
+
+    def _start_watchdog(self) -> None:
+        deadline = time.time() + self.max_lifetime_s
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(deadline), str(self._dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def _wait_ready(self) -> None:
+        """Wait for /healthz, then for the `default` namespace (created by a post-start hook)."""
+        deadline = time.monotonic() + self.startup_timeout_s
+        for path in ("/healthz", "/api/v1/namespaces/default"):
+            while not self._get_ok(path):
+                self._check_alive()
+                if time.monotonic() > deadline:
+                    raise DevClusterError(
+                        f"API server not ready ({path}) after {self.startup_timeout_s:.0f}s"
+                        f"{self._log_tails()}"
+                    )
+                time.sleep(0.1)
+
+    def _get_ok(self, path: str) -> bool:
+        ctx = ssl.create_default_context(cafile=str(self.ca_cert))
+        ctx.load_cert_chain(*map(str, self.client_cert))
+        try:
+            with urllib.request.urlopen(self.server + path, context=ctx, timeout=2) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _check_alive(self) -> None:
+        for name, proc in self._procs.items():
+            if proc.poll() is not None:
+                raise DevClusterError(
+                    f"{name} exited with status {proc.returncode} during startup{self._log_tails()}"
+                )
+
+    def _log_tails(self) -> str:
+        return "".join(
+            f"\n--- {n}.log (last lines) ---\n{tail(self._dir / f'{n}.log', 20)}" for n in self._procs
+        )
+
+    def _stop_procs(self) -> None:
+        for name in ("apiserver", "etcd"):
+            proc = self._procs.pop(name, None)
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        for out in self._logs:
+            out.close()
+        self._logs.clear()
