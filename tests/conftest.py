@@ -1,0 +1,62 @@
+"""Session-wide fixtures for a real local Kubernetes API server (see qwen_hicache.devcluster).
+
+The server is built once per machine (2-5 min cold, progress printed live) and started once per
+test session. A build or start failure makes every test that uses it ERROR with the reason.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+from qwen_hicache.devcluster import DevCluster
+
+
+def _live_logger(pytestconfig: pytest.Config) -> Callable[[str], None]:
+    """Print past pytest's output capture, so a slow first build shows its progress."""
+    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
+
+    def log(msg: str) -> None:
+        if capman is None:
+            print(msg, file=sys.stderr, flush=True)
+            return
+        with capman.global_and_fixture_disabled():
+            print(msg, file=sys.stderr, flush=True)
+
+    return log
+
+
+@pytest.fixture(scope="session")
+def devcluster(pytestconfig: pytest.Config) -> Iterator[DevCluster]:
+    """The running cluster; KUBECONFIG points at it for the whole session."""
+    with DevCluster(log=_live_logger(pytestconfig)) as cluster, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KUBECONFIG", str(cluster.kubeconfig))
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def kube_api(devcluster: DevCluster) -> Iterator[client.ApiClient]:
+    """A kubernetes.client.ApiClient for the session's cluster (certificate-verified TLS)."""
+    api = config.new_client_from_config(config_file=str(devcluster.kubeconfig))
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def namespace(kube_api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test; deleting it afterwards also removes its contents (server-side GC)."""
+    stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
+    name = f"t-{stem}-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(kube_api)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    try:
+        core.delete_namespace(name)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
