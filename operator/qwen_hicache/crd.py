@@ -2,7 +2,7 @@
 
 Pydantic emits JSON Schema (2020-12); Kubernetes wants a structural OpenAPI v3.0 subset: no `$ref`, no
 `anyOf` with null, no `title`, boolean `exclusiveMinimum`, no `additionalProperties: false` beside
-`properties`, and object defaults only as `{}` so the server fills nested defaults itself.
+`properties`, and object defaults in wire form (camelCase, no nulls).
 """
 
 from __future__ import annotations
@@ -64,16 +64,14 @@ def _resolve(node: Any, defs: Schema) -> Any:
 
 
 def _fix_default(node: Schema) -> Schema:
-    """Drop null defaults; object defaults become `{}` (the server then applies the nested defaults)."""
+    """Drop null defaults; an object's default is rebuilt from its properties' (already converted) defaults,
+    because the server checks CEL rules against the default exactly as written."""
     if "default" not in node:
         return node
-    if node["default"] is None:
+    if node["default"] is None or (node.get("type") == "object" and node.get("required")):
         del node["default"]
     elif node.get("type") == "object" and "properties" in node:
-        if node.get("required"):
-            del node["default"]
-        else:
-            node["default"] = {}
+        node["default"] = {k: v["default"] for k, v in node["properties"].items() if "default" in v}
     return node
 
 

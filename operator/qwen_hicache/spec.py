@@ -36,6 +36,9 @@ MemLayout = Literal["layer_first", "page_first", "page_first_direct", "page_firs
 IoBackend = Literal["kernel", "direct"]
 
 
+_DRAFT_PAGE_MESSAGE = "pageSize must be at least speculative.numDraftTokens"
+
+
 class WeightsVolume(ApiModel):
     """Where the weights are: an existing PersistentVolumeClaim, mounted read-only."""
 
@@ -113,7 +116,7 @@ class RuntimeSpec(ApiModel):
             "x-kubernetes-validations": [
                 cel(
                     "!has(self.speculative) || self.pageSize >= self.speculative.numDraftTokens",
-                    "pageSize must be at least speculative.numDraftTokens",
+                    _DRAFT_PAGE_MESSAGE,
                 ),
             ]
         }
@@ -157,7 +160,7 @@ class RuntimeSpec(ApiModel):
     """Tolerations for GPU node taints."""
     startup_timeout_seconds: Annotated[int, Field(ge=60, le=86400)] = 3600
     """How long model loading may take before the startup probe gives up."""
-    gpu_memory_gb: Annotated[float, Field(gt=0)] = 141.0
+    gpu_memory_gb: Annotated[float, Field(gt=0, alias="gpuMemoryGB")] = 141.0
     """Memory of one GPU in GB, used to estimate the device pools when `hicache.deviceKVTokens` is unset."""
     node_memory: Annotated[str, Field(pattern=QUANTITY)] | None = None
     """Allocatable memory of the target nodes (quantity); sizing refuses a pod that cannot fit."""
@@ -165,8 +168,11 @@ class RuntimeSpec(ApiModel):
     @model_validator(mode="after")
     def _draft_fits_page(self) -> RuntimeSpec:
         if self.speculative and self.page_size < self.speculative.num_draft_tokens:
-            raise ValueError("pageSize must be at least speculative.numDraftTokens")
+            raise ValueError(_DRAFT_PAGE_MESSAGE)
         return self
+
+
+_DISK_SIZE_MESSAGE = "disk tier is enabled but has no size: set hicache.disk.size (volume per replica) or capPerRank"
 
 
 class DiskTierSpec(ApiModel):
@@ -177,7 +183,7 @@ class DiskTierSpec(ApiModel):
             "x-kubernetes-validations": [
                 cel(
                     "!self.enabled || has(self.size) || has(self.capPerRank)",
-                    "disk tier is enabled but has no size: set hicache.disk.size (volume per replica) or capPerRank",
+                    _DISK_SIZE_MESSAGE,
                 ),
             ]
         }
@@ -197,7 +203,7 @@ class DiskTierSpec(ApiModel):
     @model_validator(mode="after")
     def _size_when_enabled(self) -> DiskTierSpec:
         if self.enabled and self.size is None and self.cap_per_rank is None:
-            raise ValueError("disk tier is enabled but has no size: set hicache.disk.size (volume per replica) or capPerRank")
+            raise ValueError(_DISK_SIZE_MESSAGE)
         return self
 
 

@@ -1,0 +1,131 @@
+"""`qwen-hicache`: print the CRD, render or size a resource offline, run the operator, or run the demo."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .spec import API_VERSION, KIND
+
+PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
+
+
+def load_resources(path: str) -> list[dict[str, Any]]:
+    """Every QwenHiCacheServer document in a YAML file (other kinds are ignored)."""
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    docs = [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
+    found = [d for d in docs if d.get("kind") == KIND and d.get("apiVersion") == API_VERSION]
+    if not found:
+        raise SystemExit(f"error: {path} has no {API_VERSION} {KIND} document")
+    return found
+
+
+def offline_meta(doc: dict[str, Any]) -> dict[str, Any]:
+    """Metadata as the API server would complete it (the uid is a placeholder offline)."""
+    meta = doc.get("metadata") or {}
+    if not meta.get("name"):
+        raise SystemExit("error: the resource has no metadata.name")
+    return {"name": meta["name"], "namespace": meta.get("namespace", "default"), "uid": PLACEHOLDER_UID}
+
+
+def cmd_crd(_: argparse.Namespace) -> int:
+    from .crd import crd_yaml
+
+    sys.stdout.write(crd_yaml())
+    return 0
+
+
+def _plan_or_exit(doc: dict[str, Any]) -> Any:
+    from .plan import plan
+
+    p = plan(offline_meta(doc), doc.get("spec") or {})
+    for prob in p.problems:
+        level = "error" if prob.blocking else "warning"
+        print(f"{level}: {doc['metadata']['name']}: {prob.reason}: {prob.message}", file=sys.stderr)
+    return p
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    failed = False
+    for doc in load_resources(args.file):
+        p = _plan_or_exit(doc)
+        failed |= p.blocked
+        if p.objects:
+            sys.stdout.write(yaml.safe_dump_all(p.objects, sort_keys=False, width=120))
+    return 2 if failed else 0
+
+
+def cmd_size(args: argparse.Namespace) -> int:
+    import json
+
+    from .sizing_report import render_table
+
+    failed = False
+    for doc in load_resources(args.file):
+        p = _plan_or_exit(doc)
+        failed |= p.blocked
+        if not p.sizing:
+            continue
+        if args.output == "json":
+            print(json.dumps(p.sizing, indent=2))
+        else:
+            print(render_table(p.sizing, title=doc["metadata"]["name"]))
+    return 2 if failed else 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import kopf
+
+    from . import handlers  # noqa: F401 - registers the handlers
+
+    kopf.configure(verbose=args.verbose)
+    kopf.run(
+        standalone=args.standalone,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace or (),
+        liveness_endpoint=args.liveness,
+    )
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(Path(args.example), keep_seconds=args.keep)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="qwen-hicache", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("crd", help="print the CustomResourceDefinition").set_defaults(fn=cmd_crd)
+    r = sub.add_parser("render", help="print the objects the operator would apply (no cluster)")
+    r.add_argument("file", help="YAML with a QwenHiCacheServer ('-' for stdin)")
+    r.set_defaults(fn=cmd_render)
+    s = sub.add_parser("size", help="print host RAM, pod memory, shm and disk sizing (no cluster)")
+    s.add_argument("file", help="YAML with a QwenHiCacheServer ('-' for stdin)")
+    s.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    s.set_defaults(fn=cmd_size)
+    o = sub.add_parser("run", help="run the operator (Kopf)")
+    o.add_argument("-n", "--namespace", action="append", help="watch only this namespace (repeatable)")
+    o.add_argument("--standalone", action="store_true", help="no Kopf peering (exactly one operator)")
+    o.add_argument("--liveness", default=None, help="health endpoint, e.g. http://0.0.0.0:8080/healthz")
+    o.add_argument("-v", "--verbose", action="store_true")
+    o.set_defaults(fn=cmd_run)
+    d = sub.add_parser("demo", help="local API server + CRD + operator + the example, then print the result")
+    d.add_argument("--example", default=str(Path("examples/qwenhicache.yaml")))
+    d.add_argument("--keep", type=float, default=0, help="seconds to keep the cluster up at the end")
+    d.set_defaults(fn=cmd_demo)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

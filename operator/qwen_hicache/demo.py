@@ -1,0 +1,134 @@
+"""`qwen-hicache demo`: the whole flow on one machine, against a real (local) Kubernetes API server.
+
+Real: the API server (Kubernetes 1.36 apiextensions code, etcd), CRD validation/defaulting, the operator
+(Kopf, server-side apply, status, events), kubectl. Absent: kubelet, scheduler and controllers, so no pod
+ever runs and the resource reports 0 ready replicas (the GPU-free engine harness plays them in tests).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from .crd import build_crd
+from .render import MANAGER, labels
+from .spec import GROUP, PLURAL, VERSION
+
+
+def say(msg: str) -> None:
+    print(f"==> {msg}", flush=True)
+
+
+def install_crd(api: client.ApiClient, timeout: float = 30) -> None:
+    """Apply the generated CRD and wait until the server serves it."""
+    crd = build_crd()
+    ext = client.ApiextensionsV1Api(api)
+    try:
+        ext.create_custom_resource_definition(crd)
+    except ApiException as err:
+        if err.status != 409:
+            raise
+        current = ext.read_custom_resource_definition(crd["metadata"]["name"])
+        crd["metadata"]["resourceVersion"] = current.metadata.resource_version
+        ext.replace_custom_resource_definition(crd["metadata"]["name"], crd)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = ext.read_custom_resource_definition(crd["metadata"]["name"])
+        if any(c.type == "Established" and c.status == "True" for c in (got.status.conditions or [])):
+            return
+        time.sleep(0.2)
+    raise RuntimeError("the CRD did not become Established in time")
+
+
+def apply_resource(api: client.ApiClient, doc: dict[str, Any]) -> dict[str, Any]:
+    """Server-side apply a QwenHiCacheServer as a user would with `kubectl apply --server-side`."""
+    ns = doc["metadata"].setdefault("namespace", "default")
+    custom = client.CustomObjectsApi(api)
+    return custom.patch_namespaced_custom_object(
+        GROUP, VERSION, ns, PLURAL, doc["metadata"]["name"], doc,
+        field_manager="demo-user", force=True,
+        _content_type="application/apply-patch+yaml",
+    )
+
+
+def wait_for_status(api: client.ApiClient, ns: str, name: str, timeout: float = 60) -> dict[str, Any]:
+    """Wait until the operator has observed the current generation."""
+    custom = client.CustomObjectsApi(api)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        obj = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+        status = obj.get("status") or {}
+        if status.get("observedGeneration") == obj["metadata"]["generation"] and status.get("conditions"):
+            return obj
+        time.sleep(0.3)
+    raise RuntimeError(f"the operator did not report status for {ns}/{name} within {timeout:.0f}s")
+
+
+def describe_children(api: client.ApiClient, ns: str, name: str) -> str:
+    """A short, readable summary of what the operator created."""
+    sel = ",".join(f"{k}={v}" for k, v in labels(name).items() if k != "app.kubernetes.io/component")
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    lines = []
+    for sts in apps.list_namespaced_stateful_set(ns, label_selector=sel).items:
+        c = sts.spec.template.spec.containers[0]
+        lines.append(f"StatefulSet/{sts.metadata.name}: replicas={sts.spec.replicas} "
+                     f"updateStrategy={sts.spec.update_strategy.type} image={c.image}")
+        lines.append(f"  resources: requests={c.resources.requests} limits={c.resources.limits}")
+        lines.append(f"  command: {' '.join(c.command + c.args)}")
+        lines.append(f"  env: {[(e.name, e.value) for e in c.env or []]}")
+        for t in sts.spec.volume_claim_templates or []:
+            lines.append(f"  volumeClaimTemplate {t.metadata.name}: {t.spec.resources.requests} "
+                         f"retention={sts.spec.persistent_volume_claim_retention_policy.when_deleted}")
+    for svc in core.list_namespaced_service(ns, label_selector=sel).items:
+        lines.append(f"Service/{svc.metadata.name}: clusterIP={svc.spec.cluster_ip} "
+                     f"ports={[p.port for p in svc.spec.ports]}")
+    return "\n".join(lines)
+
+
+def kubectl_get(kubeconfig: Path, ns: str) -> str:
+    """`kubectl get qhc` with the real kubectl binary, to show the printer columns."""
+    from .devcluster import ensure_kubectl
+
+    out = subprocess.run(
+        [str(ensure_kubectl(log=say)), "--kubeconfig", str(kubeconfig), "-n", ns, "get", "qhc", "-o", "wide"],
+        capture_output=True, text=True, timeout=60,
+    )
+    return out.stdout + out.stderr
+
+
+def run_demo(example: Path, keep_seconds: float = 0) -> int:
+    """Start everything, apply the example, print what happened, stop everything."""
+    from .devcluster import DevCluster
+    from .inprocess import operator_thread
+
+    doc = yaml.safe_load(example.read_text())
+    ns, name = doc["metadata"].get("namespace", "default"), doc["metadata"]["name"]
+    say("starting a local Kubernetes API server (the first run builds it: a few minutes)")
+    with DevCluster(log=say) as cluster:
+        os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+        api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        say(f"API server at {cluster.server}; installing the CRD")
+        install_crd(api)
+        say(f"starting the operator ({MANAGER}, Kopf, standalone)")
+        with operator_thread():
+            say(f"applying {example}")
+            apply_resource(api, doc)
+            obj = wait_for_status(api, ns, name)
+            say("what the operator created:")
+            print(describe_children(api, ns, name))
+            say("kubectl get qhc -o wide:")
+            print(kubectl_get(cluster.kubeconfig, ns))
+            say("status:")
+            print(yaml.safe_dump(obj["status"], sort_keys=False, width=120))
+            if keep_seconds:
+                say(f"keeping the cluster up for {keep_seconds:.0f}s (KUBECONFIG={cluster.kubeconfig})")
+                time.sleep(keep_seconds)
+    say("done: the API server, etcd and the operator have stopped")
+    return 0

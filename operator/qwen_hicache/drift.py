@@ -1,0 +1,40 @@
+"""Decide whether a desired object is already in place, so a no-op reconcile makes no write call.
+
+The desired object carries a hash of itself in an annotation; the live object matches when every field
+we render is present with the same value. Fields the server or other controllers add are ignored, and
+a field we stopped rendering changes the hash, so its removal is applied too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+HASH_ANNOTATION = "qwenhicache.io/desired-hash"
+
+
+def content_hash(obj: Any) -> str:
+    """Stable short hash of a JSON-able object."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def with_hash(obj: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `obj` whose metadata records the hash of its own content."""
+    meta = dict(obj["metadata"])
+    meta["annotations"] = {**meta.get("annotations", {}), HASH_ANNOTATION: content_hash(obj)}
+    return {**obj, "metadata": meta}
+
+
+def is_subset(want: Any, have: Any) -> bool:
+    """True when every value in `want` appears in `have` (lists element-wise, same length)."""
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(k in have and is_subset(v, have[k]) for k, v in want.items())
+    if isinstance(want, list):
+        return isinstance(have, list) and len(want) == len(have) and all(map(is_subset, want, have))
+    return want == have
+
+
+def is_applied(desired: dict[str, Any], live: dict[str, Any] | None) -> bool:
+    """True when applying `desired` would change nothing we own."""
+    return live is not None and is_subset(desired, live)

@@ -1,0 +1,66 @@
+"""Thin Kubernetes I/O: get, server-side apply under one field manager, status patch, events.
+
+Everything here is a single API call; the decisions live in the pure modules.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import NotFoundError
+
+from .render import MANAGER
+from .spec import API_VERSION, KIND
+
+Obj = dict[str, Any]
+
+
+def load_api_client() -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else $KUBECONFIG (read now, not at import time)."""
+    try:
+        config.load_incluster_config()
+        return client.ApiClient()
+    except config.ConfigException:
+        return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))
+
+
+class Kube:
+    """The operator's only door to the API server."""
+
+    def __init__(self, api_client: client.ApiClient):
+        self.api_client = api_client
+        self.dyn = DynamicClient(api_client)
+
+    @cache  # noqa: B019 - one Kube per process; discovery results never change for it
+    def _resource(self, api_version: str, kind: str) -> Any:
+        return self.dyn.resources.get(api_version=api_version, kind=kind)
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
+        """The live object, or None when it does not exist."""
+        try:
+            return self._resource(api_version, kind).get(name=name, namespace=namespace).to_dict()
+        except NotFoundError:
+            return None
+
+    def apply(self, obj: Obj) -> Obj:
+        """Server-side apply, taking ownership of conflicting fields (we are the controller)."""
+        res = self._resource(obj["apiVersion"], obj["kind"])
+        meta = obj["metadata"]
+        return res.server_side_apply(
+            body=obj, name=meta["name"], namespace=meta.get("namespace"), field_manager=MANAGER, force_conflicts=True
+        ).to_dict()
+
+    def patch_status(self, namespace: str, name: str, status: Obj) -> None:
+        """One merge patch of the resource's status subresource."""
+        res = self._resource(API_VERSION, KIND)
+        res.status.patch(
+            body={"status": status}, name=name, namespace=namespace, content_type="application/merge-patch+json"
+        )
+
+    def get_server(self, namespace: str, name: str) -> Obj | None:
+        """The QwenHiCacheServer itself."""
+        return self.get(API_VERSION, KIND, namespace, name)

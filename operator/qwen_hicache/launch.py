@@ -1,0 +1,120 @@
+"""Derive the SGLang command line and environment from the spec: the only place runtime flags are spelled.
+
+Pure functions. The operator refuses `extraArgs`/`env` that would override what it derives here, because
+a silently overridden flag would make the status, the sizing and the cache fingerprint lie.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .spec import QwenHiCacheServerSpec, flag_name
+
+MODEL_MOUNT = "/models"
+CACHE_MOUNT = "/var/cache/hicache"
+ENTRYPOINT = ["python3", "-m", "sglang.launch_server"]
+
+STORAGE_DIR_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
+MAX_SIZE_ENV = "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"
+MANAGED_ENV = frozenset({STORAGE_DIR_ENV, MAX_SIZE_ENV})
+
+
+@dataclass(frozen=True)
+class LaunchSizing:
+    """The numbers render needs from sizing, decoupled from how sizing derives them."""
+
+    host_size_gb: int | None
+    """`--hicache-size` (whole GB per rank), or None to use `--hicache-ratio`."""
+    pod_memory_request_bytes: int
+    pod_memory_limit_bytes: int
+    shm_bytes: int
+    disk_cap_bytes_per_rank: int | None
+    disk_volume_bytes: int | None
+
+
+def model_path(spec: QwenHiCacheServerSpec) -> str:
+    """Where the weights appear inside the runtime container."""
+    sub = spec.model.weights.path.strip("/")
+    return f"{MODEL_MOUNT}/{sub}" if sub else MODEL_MOUNT
+
+
+def _model_flags(spec: QwenHiCacheServerSpec) -> list[str]:
+    rt = spec.runtime
+    args = [
+        "--model-path", model_path(spec),
+        "--served-model-name", spec.model.served_name,
+        "--host", "0.0.0.0",
+        "--port", str(rt.port),
+        "--tp-size", str(rt.tensor_parallel_size),
+        "--page-size", str(rt.page_size),
+        "--kv-cache-dtype", rt.kv_cache_dtype,
+    ]
+    optional = {
+        "--context-length": rt.context_length,
+        "--max-running-requests": rt.max_running_requests,
+        "--mamba-ssm-dtype": rt.mamba_ssm_dtype,
+        "--max-mamba-cache-size": rt.max_mamba_cache_size,
+        "--mem-fraction-static": rt.mem_fraction_static,
+    }
+    for flag, value in optional.items():
+        if value is not None:
+            args += [flag, str(value)]
+    if rt.speculative:
+        sp = rt.speculative
+        args += [
+            "--speculative-algorithm", sp.algorithm,
+            "--speculative-num-steps", str(sp.num_steps),
+            "--speculative-num-draft-tokens", str(sp.num_draft_tokens),
+            "--speculative-eagle-topk", str(sp.eagle_topk),
+        ]
+    return args
+
+
+def _hicache_flags(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> list[str]:
+    hc = spec.hicache
+    args = ["--enable-hierarchical-cache"]
+    if sizing.host_size_gb is not None:
+        args += ["--hicache-size", str(sizing.host_size_gb)]
+    else:
+        args += ["--hicache-ratio", str(hc.host_ratio or 2.0)]
+    args += [
+        "--hicache-write-policy", hc.write_policy,
+        "--hicache-io-backend", hc.io_backend,
+        "--hicache-mem-layout", hc.mem_layout,
+    ]
+    if hc.disk.enabled:
+        args += [
+            "--hicache-storage-backend", "file",
+            "--hicache-storage-prefetch-policy", hc.prefetch_policy,
+        ]
+    return args
+
+
+def launch_args(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> list[str]:
+    """The runtime's full argument list (after the entrypoint), extra args last."""
+    observability = ["--enable-metrics", "--enable-cache-report"]
+    return [*_model_flags(spec), *_hicache_flags(spec, sizing), *observability, *spec.runtime.extra_args]
+
+
+def managed_flags(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> set[str]:
+    """Flags the operator sets itself (extra args may not repeat them)."""
+    derived = [*_model_flags(spec), *_hicache_flags(spec, sizing), "--enable-metrics", "--enable-cache-report"]
+    always = {"--hicache-storage-backend", "--hicache-ratio", "--hicache-size"}
+    return {f for f in (flag_name(a) for a in derived) if f} | always
+
+
+def launch_env(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> list[dict[str, str]]:
+    """Environment of the runtime container: the file tier's directory and cap, then the user's env."""
+    env: list[dict[str, str]] = []
+    if spec.hicache.disk.enabled:
+        env.append({"name": STORAGE_DIR_ENV, "value": CACHE_MOUNT})
+        if sizing.disk_cap_bytes_per_rank:
+            env.append({"name": MAX_SIZE_ENV, "value": str(sizing.disk_cap_bytes_per_rank)})
+    env += [{"name": e.name, "value": e.value} for e in spec.runtime.env]
+    return env
+
+
+def startup_failure_threshold(spec: QwenHiCacheServerSpec, period_seconds: int) -> int:
+    """Startup probe attempts that cover the allowed model-loading time."""
+    return max(1, math.ceil(spec.runtime.startup_timeout_seconds / period_seconds))

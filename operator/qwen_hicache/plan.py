@@ -1,0 +1,80 @@
+"""The pure core: resource body -> validated spec -> sizing -> policy -> desired objects and launch status.
+
+The Kopf handlers and the CLI both call `plan()`; nothing here touches the network or the clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from . import launch, policies, render
+from .sizing import SizingError, compute_sizing
+from .spec import QwenHiCacheServerSpec
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the operator should do for one resource, and what it will report."""
+
+    spec: QwenHiCacheServerSpec | None
+    objects: list[Obj] = field(default_factory=list)
+    problems: list[policies.Problem] = field(default_factory=list)
+    launch: Obj = field(default_factory=dict)
+    sizing: Obj = field(default_factory=dict)
+
+    @property
+    def blocked(self) -> bool:
+        """True when nothing may be applied (a blocking problem, or an unparseable spec)."""
+        return any(p.blocking for p in self.problems)
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """One line per field error, with the camelCase path the user wrote."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "spec"
+        parts.append(f"spec.{loc}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def parse_spec(raw: Obj) -> QwenHiCacheServerSpec:
+    """Validate a spec dict with exactly the rules the CRD carries."""
+    return QwenHiCacheServerSpec.model_validate(raw)
+
+
+def launch_status(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Obj:
+    """The derived launch configuration shown in status (what the pods actually run)."""
+    return {
+        "image": spec.runtime.image,
+        "tensorParallelSize": spec.runtime.tensor_parallel_size,
+        "gpusPerPod": spec.runtime.tensor_parallel_size,
+        "hostMemoryPerRankGB": sizing.host_size_gb,
+        "args": launch.launch_args(spec, sizing),
+        "renderVersion": render.RENDER_VERSION,
+    }
+
+
+def _sizing_problem(message: str) -> policies.Problem:
+    return policies.Problem("SizingInvalid", message, condition="SizingValid")
+
+
+def plan(meta: Obj, raw_spec: Obj) -> Plan:
+    """Everything the operator derives from one resource. Invalid input yields problems, not objects."""
+    try:
+        spec = parse_spec(raw_spec)
+    except ValidationError as err:
+        return Plan(None, problems=[policies.Problem("InvalidSpec", format_validation_error(err))])
+    try:
+        sized = compute_sizing(spec)
+    except SizingError as err:
+        return Plan(spec, problems=[_sizing_problem(str(err))])
+    sizing = sized.launch_sizing()
+    problems = [_sizing_problem(m) for m in sized.problems] + policies.evaluate(spec, sizing)
+    problems.sort(key=lambda p: not p.blocking)
+    objects = [] if any(p.blocking for p in problems) else render.render_all(meta, spec, sizing)
+    return Plan(spec, objects, problems, launch_status(spec, sizing), sized.as_status())

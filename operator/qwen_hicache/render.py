@@ -1,0 +1,213 @@
+"""Pure builders of the objects the operator owns for one QwenHiCacheServer (crate-operator style `get_*`).
+
+No I/O: given the resource's metadata, its validated spec and the sizing, return plain dicts ready for
+server-side apply. Rendering the same inputs always yields the same bytes, so a no-op reconcile is a
+no-op, and `RENDER_VERSION` marks the pod template so an operator upgrade never rolls pods by itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import launch
+from .drift import with_hash
+from .spec import API_VERSION, KIND, QwenHiCacheServerSpec
+
+Obj = dict[str, Any]
+
+RENDER_VERSION = "1"
+MANAGER = "qwen-hicache-operator"
+ANNOTATION_PREFIX = "qwenhicache.io"
+RENDER_VERSION_ANNOTATION = f"{ANNOTATION_PREFIX}/render-version"
+CACHE_VOLUME = "hicache"
+HTTP_PORT_NAME = "http"
+
+
+def labels(name: str) -> dict[str, str]:
+    """Labels on every owned object; the first two select the pods."""
+    return {
+        "app.kubernetes.io/name": "qwen-hicache-server",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": "server",
+        "app.kubernetes.io/managed-by": MANAGER,
+    }
+
+
+def selector(name: str) -> dict[str, str]:
+    """Stable pod selector (StatefulSet selectors are immutable: never add to this)."""
+    return {k: v for k, v in labels(name).items() if k in ("app.kubernetes.io/name", "app.kubernetes.io/instance")}
+
+
+def owner_reference(meta: Obj) -> Obj:
+    """Controller reference to the resource, so the garbage collector removes children with it."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(meta: Obj, name: str) -> Obj:
+    return {
+        "name": name,
+        "namespace": meta["namespace"],
+        "labels": labels(meta["name"]),
+        "ownerReferences": [owner_reference(meta)],
+    }
+
+
+def headless_service_name(name: str) -> str:
+    return f"{name}-headless"
+
+
+def get_headless_service(meta: Obj, spec: QwenHiCacheServerSpec) -> Obj:
+    """Stable per-pod DNS names for the StatefulSet (`<pod>.<name>-headless`)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(meta, headless_service_name(meta["name"])),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector(meta["name"]),
+            "ports": [{"name": HTTP_PORT_NAME, "port": spec.runtime.port, "targetPort": HTTP_PORT_NAME}],
+        },
+    }
+
+
+def get_client_service(meta: Obj, spec: QwenHiCacheServerSpec) -> Obj:
+    """The address clients use: ready pods only, on the runtime's HTTP port."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(meta, meta["name"]),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector(meta["name"]),
+            "ports": [{"name": HTTP_PORT_NAME, "port": spec.runtime.port, "targetPort": HTTP_PORT_NAME}],
+        },
+    }
+
+
+def _probes(spec: QwenHiCacheServerSpec) -> Obj:
+    def http(path: str, period: int, failures: int) -> Obj:
+        return {
+            "httpGet": {"path": path, "port": HTTP_PORT_NAME},
+            "periodSeconds": period,
+            "timeoutSeconds": 5,
+            "failureThreshold": failures,
+        }
+
+    return {
+        "startupProbe": http("/health", 10, launch.startup_failure_threshold(spec, 10)),
+        "readinessProbe": http("/ready", 5, 3),
+        "livenessProbe": http("/health", 15, 4),
+    }
+
+
+def _resources(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Obj:
+    gpus = str(spec.runtime.tensor_parallel_size)
+    return {
+        "requests": {spec.runtime.gpu_resource_name: gpus, "memory": str(sizing.pod_memory_request_bytes)},
+        "limits": {spec.runtime.gpu_resource_name: gpus, "memory": str(sizing.pod_memory_limit_bytes)},
+    }
+
+
+def _volume_mounts(spec: QwenHiCacheServerSpec) -> list[Obj]:
+    mounts = [
+        {"name": "model", "mountPath": launch.MODEL_MOUNT, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    if spec.hicache.disk.enabled:
+        mounts.append({"name": CACHE_VOLUME, "mountPath": launch.CACHE_MOUNT})
+    return mounts
+
+
+def _volumes(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> list[Obj]:
+    return [
+        {"name": "model", "persistentVolumeClaim": {"claimName": spec.model.weights.claim_name, "readOnly": True}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": str(sizing.shm_bytes)}},
+    ]
+
+
+def get_container(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Obj:
+    """The runtime container, started with the derived SGLang flags."""
+    return {
+        "name": "sglang",
+        "image": spec.runtime.image,
+        "imagePullPolicy": spec.runtime.image_pull_policy,
+        "command": list(launch.ENTRYPOINT),
+        "args": launch.launch_args(spec, sizing),
+        "env": launch.launch_env(spec, sizing),
+        "ports": [{"name": HTTP_PORT_NAME, "containerPort": spec.runtime.port, "protocol": "TCP"}],
+        "resources": _resources(spec, sizing),
+        "volumeMounts": _volume_mounts(spec),
+        **_probes(spec),
+    }
+
+
+def get_pod_template(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Obj:
+    """Pod template; versioned so a different rendering by a newer operator is visible, not silent."""
+    pod_spec: Obj = {
+        "containers": [get_container(spec, sizing)],
+        "volumes": _volumes(spec, sizing),
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 300,
+    }
+    if spec.runtime.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.runtime.node_selector)
+    if spec.runtime.tolerations:
+        pod_spec["tolerations"] = [t.wire() for t in spec.runtime.tolerations]
+    return {
+        "metadata": {
+            "labels": labels(meta["name"]),
+            "annotations": {RENDER_VERSION_ANNOTATION: RENDER_VERSION},
+        },
+        "spec": pod_spec,
+    }
+
+
+def _claim_templates(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> list[Obj]:
+    disk = spec.hicache.disk
+    if not disk.enabled:
+        return []
+    claim_spec: Obj = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": str(sizing.disk_volume_bytes)}},
+    }
+    if disk.storage_class_name:
+        claim_spec["storageClassName"] = disk.storage_class_name
+    return [{"metadata": {"name": CACHE_VOLUME, "labels": labels(meta["name"])}, "spec": claim_spec}]
+
+
+def get_statefulset(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Obj:
+    """One pod per replica with its own cache volume; `OnDelete` because the operator owns restarts."""
+    retention = spec.hicache.disk.retention
+    sts_spec: Obj = {
+        "replicas": spec.replicas,
+        "serviceName": headless_service_name(meta["name"]),
+        "selector": {"matchLabels": selector(meta["name"])},
+        "podManagementPolicy": "Parallel",
+        "updateStrategy": {"type": "OnDelete"},
+        "persistentVolumeClaimRetentionPolicy": {"whenDeleted": retention, "whenScaled": "Retain"},
+        "template": get_pod_template(meta, spec, sizing),
+    }
+    claims = _claim_templates(meta, spec, sizing)
+    if claims:
+        sts_spec["volumeClaimTemplates"] = claims
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _metadata(meta, meta["name"]),
+            "spec": sts_spec}
+
+
+def render_all(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> list[Obj]:
+    """Every object the operator applies for one resource, in apply order, each stamped with its hash."""
+    objects = [
+        get_headless_service(meta, spec),
+        get_client_service(meta, spec),
+        get_statefulset(meta, spec, sizing),
+    ]
+    return [with_hash(o) for o in objects]
