@@ -1,0 +1,615 @@
+"""Host RAM, pod memory, /dev/shm and disk-tier sizing from the model's geometry. Pure: no I/O, no cluster.
+
+The byte accounting follows sglang 0.5.23 (`mem_cache/pool_host/{base,mha,mamba,qsa}.py`,
+`hybrid_cache/hybrid_pool_assembler.py`, `ple_state_pool.py`), per TP rank:
+- host KV bytes/token = (K + V head dims) x KV heads on the rank x (full-attention + packed MTP layers)
+  x KV dtype bytes;
+- QSA index bytes/token = index heads x index dim x 2 (bf16) x (same layers) / compress ratio;
+- Mamba bytes/slot = (conv + SSM) x (GDN layers + packed draft GDN layers) + PLE side states;
+- `--hicache-size H` splits H GB between KV and Mamba in proportion to the device pools' bytes, scales the KV
+  share by kv/(kv+index), then `tokens = int(share * 1e9 // bytes_per_token)` rounded to pages plus one
+  pad page;
+  Mamba slots are `int(share * 1e9 // bytes_per_slot) + 1`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from .geometry import Geometry, GeometryError, resolve_geometry
+from .launch import LaunchSizing
+from .spec import QwenHiCacheServerSpec
+
+GIB = 1 << 30
+GB = 10**9
+
+RUNTIME_RESERVE_BYTES = 10 * GIB
+"""`HICACHE_HOST_MEMORY_RESERVE_BYTES` (pool_host/base.py): host RAM the runtime keeps out of its pools."""
+DEFAULT_HICACHE_RATIO = 2.0
+"""The runtime's `--hicache-ratio` default in cache mode."""
+PROCESS_BYTES_PER_RANK = 6 * GIB
+"""One TP worker process: CUDA context, torch/NCCL host buffers, Python heap, radix tree."""
+PROCESS_BYTES_PER_POD = 4 * GIB
+"""Tokenizer manager, detokenizer, HTTP server and multimodal processor, once per pod."""
+STAGING_BYTES_PER_RANK = 2 * GIB
+"""Weight-loading read buffers and HiCache write-back/IO staging per rank."""
+MARGIN_FRACTION = Fraction(1, 10)
+"""Page cache and allocator fragmentation on top of every counted term."""
+SHM_BASE_BYTES = 4 * GIB
+SHM_BYTES_PER_RANK = 2 * GIB
+"""/dev/shm: NCCL intra-node buffers and torch multiprocessing tensors between workers and the tokenizer."""
+DISK_HEADROOM_FRACTION = Fraction(1, 10)
+"""Volume share kept free: filesystem metadata and reserved blocks, stale `.tmp` files the file backend never
+cleans, and the LRU evictor's overshoot between scans."""
+DEFAULT_MAMBA_SLOTS_PER_REQUEST = 2
+DEFAULT_REQUESTS = 128
+DEFAULT_MEM_FRACTION = 0.88
+
+KV_DTYPE_BYTES = {"auto": 2, "bf16": 2, "bfloat16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
+SSM_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+CONV_DTYPE_BYTES = 2
+INDEX_DTYPE_BYTES = 2
+PLE_STATE_DTYPE_BYTES = 2
+NGRAM_ID_BYTES = 8
+PLE_TABLE_BYTES_PER_ELEMENT = {
+    "bfloat16": Fraction(2),
+    "float8_e4m3fn": Fraction(1),
+    "nvfp4": Fraction(9, 16),
+}
+
+
+class SizingError(ValueError):
+    """Input that cannot be sized at all; the message names the field and the fix."""
+
+
+# --- per-rank shapes --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankShapes:
+    """Bytes per token and per state slot on one TP rank, as the runtime's pools lay them out."""
+
+    kv_bytes_per_token_target: int
+    """Device KV of the target's full-attention layers only (what `_split_hicache_size` weighs)."""
+    kv_bytes_per_token: int
+    """Host KV: target + packed MTP draft layers."""
+    index_bytes_per_page: int
+    """QSA compressed keys of one page, all indexer layers (0 without QSA)."""
+    conv_bytes_per_layer: int
+    ssm_bytes_per_layer: int
+    ple_bytes_per_slot: int
+    mamba_bytes_per_slot: int
+    """Host Mamba slot: (conv + SSM) x (GDN + packed draft GDN layers) + PLE side states."""
+
+
+def _kv_heads_on_rank(g: Geometry, tp: int) -> int:
+    """`ModelConfig.get_num_kv_heads`: heads split across ranks, at least one each."""
+    return max(1, g.num_key_value_heads // tp)
+
+
+def _gdn_per_layer(g: Geometry, tp: int, ssm_bytes: int) -> tuple[int, int]:
+    """(conv, SSM) bytes per GDN layer per slot, from `Mamba2StateShape.create` with the group extension."""
+    groups = g.linear_num_key_heads
+    if groups % tp:
+        groups = tp  # extra_groups_for_head_shards (n_groups < tp): replicate groups to follow head shards
+    if g.linear_num_value_heads % tp:
+        raise SizingError(
+            f"linearNumValueHeads {g.linear_num_value_heads} is not divisible by tensorParallelSize {tp}: "
+            "the runtime cannot shard the GDN heads; pick a TP size that divides it"
+        )
+    conv_dim = g.linear_value_head_dim * g.linear_num_value_heads + 2 * groups * g.linear_key_head_dim
+    if conv_dim % tp:
+        raise SizingError(f"GDN conv dim {conv_dim} is not divisible by tensorParallelSize {tp}")
+    conv = conv_dim // tp * (g.linear_conv_kernel_dim - 1) * CONV_DTYPE_BYTES
+    ssm = g.linear_num_value_heads // tp * g.linear_value_head_dim * g.linear_key_head_dim * ssm_bytes
+    return conv, ssm
+
+
+def _ple_bytes(g: Geometry) -> int:
+    """PLE short-conv window rows (channels x (kernel-1) x ngram, bf16) + n-gram context (int64), per slot."""
+    if not g.ple_short_conv_layers:
+        return 0
+    window = g.ple_channels * (g.ple_conv_kernel_size - 1) * g.ngram_size * PLE_STATE_DTYPE_BYTES
+    return g.ple_short_conv_layers * window + max(g.ngram_size - 1, 0) * NGRAM_ID_BYTES
+
+
+def rank_shapes(g: Geometry, tp: int, kv_dtype: str, ssm_dtype: str, mtp: bool, page_size: int) -> RankShapes:
+    """Per-rank byte shapes for one geometry and runtime configuration."""
+    kv_per_layer = (
+        (g.head_dim + (g.v_head_dim or g.head_dim)) * _kv_heads_on_rank(g, tp) * KV_DTYPE_BYTES[kv_dtype]
+    )
+    kv_layers = g.full_attention_layers + (g.mtp_layers if mtp else 0)
+    index_page = 0
+    if g.qsa_compress_ratio:
+        if page_size % g.qsa_compress_ratio:
+            raise SizingError(
+                f"pageSize {page_size} is not a multiple of the QSA compress ratio {g.qsa_compress_ratio}: "
+                "the runtime refuses it ('QSA HiCache pages must be divisible by the compress ratio'); "
+                f"use a pageSize that is a multiple of {g.qsa_compress_ratio} (64 for the file tier)"
+            )
+        row = g.qsa_index_kv_heads * g.qsa_index_head_dim * INDEX_DTYPE_BYTES
+        index_page = kv_layers * row * (page_size // g.qsa_compress_ratio)
+    conv, ssm = _gdn_per_layer(g, tp, SSM_DTYPE_BYTES[ssm_dtype]) if g.linear_attention_layers else (0, 0)
+    gdn_layers = g.linear_attention_layers + (g.mtp_linear_layers if mtp else 0)
+    ple = _ple_bytes(g) if g.linear_attention_layers else 0
+    return RankShapes(
+        kv_bytes_per_token_target=kv_per_layer * g.full_attention_layers,
+        kv_bytes_per_token=kv_per_layer * kv_layers,
+        index_bytes_per_page=index_page,
+        conv_bytes_per_layer=conv,
+        ssm_bytes_per_layer=ssm,
+        ple_bytes_per_slot=ple,
+        mamba_bytes_per_slot=(conv + ssm) * gdn_layers + ple,
+    )
+
+
+# --- device pools ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DevicePools:
+    """The GPU pools of one rank, which `--hicache-ratio` multiplies and `--hicache-size` is split by."""
+
+    kv_tokens: int
+    kv_tokens_estimated: bool
+    mamba_slots: int
+    mamba_slots_assumed: bool
+    spec_requests: int
+    kv_bytes: int
+    """Target full-attention KV buffers (size + one pad page), as `get_kv_size_bytes` reports them."""
+    mamba_bytes: int
+    """Mamba state (slots + 1 pad) plus MTP verify scratch, as `MambaPool.get_kv_size_bytes` reports it."""
+
+
+def _mamba_device_bytes(
+    shapes: RankShapes, g: Geometry, slots: int, spec_requests: int, draft_tokens: int
+) -> int:
+    """`MambaPool.mamba_cache.mem_usage_bytes()`: state of slots+1, plus per-draft-token verify scratch
+    (conv windows at their logical size, SSM snapshots unless the runtime skips them)."""
+    per_layer = shapes.conv_bytes_per_layer + shapes.ssm_bytes_per_layer
+    state = (slots + 1) * per_layer * g.linear_attention_layers
+    if not draft_tokens:
+        return state
+    scratch_layer = shapes.conv_bytes_per_layer + (
+        shapes.ssm_bytes_per_layer if g.mtp_verify_ssm_snapshots else 0
+    )
+    return state + (spec_requests + 1) * draft_tokens * scratch_layer * g.linear_attention_layers
+
+
+def _estimate_kv_tokens(
+    spec: QwenHiCacheServerSpec, g: Geometry, shapes: RankShapes, mamba_bytes: int
+) -> int:
+    """Device KV tokens from GPU memory x memFractionStatic - weights - Mamba (no runtime log given)."""
+    if g.gpu_weight_bytes is None:
+        raise SizingError(
+            "cannot estimate the device KV pool: set hicache.deviceKVTokens (the runtime logs '#tokens' at "
+            "startup) or model.geometry.gpuWeightBytes"
+        )
+    rt = spec.runtime
+    fraction = rt.mem_fraction_static or DEFAULT_MEM_FRACTION
+    budget = rt.gpu_memory_gb * GB * fraction - g.gpu_weight_bytes / rt.tensor_parallel_size - mamba_bytes
+    index_per_token = Fraction(shapes.index_bytes_per_page, rt.page_size)
+    per_token = shapes.kv_bytes_per_token + index_per_token
+    tokens = int(Fraction(max(int(budget), 0)) / per_token) // rt.page_size * rt.page_size
+    if tokens <= 0:
+        raise SizingError(
+            f"the GPU has no room for a KV pool: {rt.gpu_memory_gb} GB x {fraction} leaves "
+            f"{budget / GB:.1f} GB after weights and Mamba state; raise memFractionStatic or use more GPUs"
+        )
+    return tokens
+
+
+def device_pools(spec: QwenHiCacheServerSpec, g: Geometry, shapes: RankShapes) -> DevicePools:
+    """Device pools per rank: explicit where the spec says so, otherwise estimated and flagged."""
+    rt = spec.runtime
+    requests = rt.max_running_requests or DEFAULT_REQUESTS
+    slots = rt.max_mamba_cache_size or requests * DEFAULT_MAMBA_SLOTS_PER_REQUEST
+    spec_requests = min(requests, slots)
+    draft_tokens = rt.speculative.num_draft_tokens if rt.speculative else 0
+    mamba_bytes = (
+        _mamba_device_bytes(shapes, g, slots, spec_requests, draft_tokens) if g.linear_attention_layers else 0
+    )
+    tokens = spec.hicache.device_kv_tokens or _estimate_kv_tokens(spec, g, shapes, mamba_bytes)
+    return DevicePools(
+        kv_tokens=tokens,
+        kv_tokens_estimated=spec.hicache.device_kv_tokens is None,
+        mamba_slots=slots,
+        mamba_slots_assumed=rt.max_mamba_cache_size is None,
+        spec_requests=spec_requests,
+        kv_bytes=(tokens + rt.page_size) * shapes.kv_bytes_per_token_target,
+        mamba_bytes=mamba_bytes,
+    )
+
+
+# --- host pools -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostPools:
+    """Host pools of one rank, rounded the way the runtime rounds them."""
+
+    hicache_size_gb: int | None
+    hicache_ratio: float | None
+    kv_tokens: int
+    mamba_slots: int
+    kv_bytes: int
+    index_bytes: int
+    mamba_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.kv_bytes + self.index_bytes + self.mamba_bytes
+
+
+def _pages_plus_pad(tokens: int, page_size: int) -> int:
+    """`HostKVCache.__init__`: whole pages plus one padding page."""
+    return (tokens // page_size + 1) * page_size
+
+
+def _size_split(size_gb: int, dev: DevicePools, shapes: RankShapes, page_size: int) -> tuple[int, int]:
+    """(KV tokens, Mamba slots) from `--hicache-size`: split by device bytes, KV share scaled for index."""
+    total = dev.kv_bytes + dev.mamba_bytes
+    kv_share = size_gb * dev.kv_bytes / total
+    mamba_share = size_gb * dev.mamba_bytes / total
+    index_per_token = shapes.index_bytes_per_page / page_size
+    if index_per_token:
+        kv_share *= shapes.kv_bytes_per_token / (shapes.kv_bytes_per_token + index_per_token)
+    tokens = _pages_plus_pad(int(kv_share * 1e9 // shapes.kv_bytes_per_token), page_size)
+    slots = int(mamba_share * 1e9 // shapes.mamba_bytes_per_slot) + 1 if dev.mamba_bytes else 0
+    return tokens, slots
+
+
+def _host_size_gb(spec: QwenHiCacheServerSpec) -> int | None:
+    """`--hicache-size` is an int of GB: a fractional request is floored, zero with no ratio is refused."""
+    hc = spec.hicache
+    if hc.host_memory_per_rank_gb is None:
+        return None
+    gb = math.floor(hc.host_memory_per_rank_gb)
+    if gb <= 0 and hc.host_ratio is None:
+        raise SizingError(
+            f"hicache.hostMemoryPerRankGB {hc.host_memory_per_rank_gb} gives a host size of 0 GB "
+            "(--hicache-size takes whole GB) and no hostRatio is set: "
+            "set hostMemoryPerRankGB >= 1 or hostRatio"
+        )
+    return gb or None
+
+
+def host_pools(spec: QwenHiCacheServerSpec, dev: DevicePools, shapes: RankShapes) -> HostPools:
+    """Host pools per rank from `--hicache-size` or from a ratio of the device pools."""
+    page = spec.runtime.page_size
+    size_gb = _host_size_gb(spec)
+    ratio = None
+    if size_gb is not None:
+        tokens, slots = _size_split(size_gb, dev, shapes, page)
+    else:
+        ratio = spec.hicache.host_ratio or DEFAULT_HICACHE_RATIO
+        tokens = _pages_plus_pad(int(dev.kv_tokens * ratio), page)
+        slots = int(dev.mamba_slots * ratio) + 1 if dev.mamba_bytes else 0
+    return HostPools(
+        hicache_size_gb=size_gb,
+        hicache_ratio=ratio,
+        kv_tokens=tokens,
+        mamba_slots=slots,
+        kv_bytes=tokens * shapes.kv_bytes_per_token,
+        index_bytes=tokens // page * shapes.index_bytes_per_page,
+        mamba_bytes=slots * shapes.mamba_bytes_per_slot,
+    )
+
+
+# --- pod memory, shm, disk ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Term:
+    """One explained addend of the pod memory limit."""
+
+    name: str
+    bytes: int
+    why: str
+
+
+def shm_bytes(tp: int) -> int:
+    """/dev/shm size: a base for the tokenizer/multimodal path plus NCCL and IPC room per rank."""
+    return SHM_BASE_BYTES + SHM_BYTES_PER_RANK * tp
+
+
+def ple_table_bytes(g: Geometry) -> int:
+    """Pinned PLE n-gram table, all ranks' shards together (0 unless the table is offloaded to pinned RAM)."""
+    if not (g.ple_table_pinned and g.ple_table_rows and g.ple_table_dtype):
+        return 0
+    return math.ceil(g.ple_table_rows * g.ple_table_row_dim * PLE_TABLE_BYTES_PER_ELEMENT[g.ple_table_dtype])
+
+
+def memory_terms(tp: int, host: HostPools, g: Geometry, shm: int) -> list[Term]:
+    """Every term of the pod memory limit, with why it must be there."""
+    terms = [
+        Term(
+            "hostPools",
+            tp * host.total_bytes,
+            f"{tp} rank(s) x {host.total_bytes:,} B of pinned HiCache host pools (KV + QSA index + Mamba)",
+        ),
+        Term(
+            "runtimeReserve",
+            RUNTIME_RESERVE_BYTES,
+            "the runtime refuses to allocate host pools unless 10 GiB of the cgroup stays free "
+            "('Not enough host memory available')",
+        ),
+        Term("pleTable", ple_table_bytes(g), "the PLE n-gram table in pinned host RAM, all ranks' shards"),
+        Term(
+            "processes",
+            tp * PROCESS_BYTES_PER_RANK + PROCESS_BYTES_PER_POD,
+            f"{tp} TP worker(s) x {PROCESS_BYTES_PER_RANK // GIB} GiB (CUDA context, NCCL, Python) + "
+            f"{PROCESS_BYTES_PER_POD // GIB} GiB tokenizer/detokenizer/HTTP",
+        ),
+        Term(
+            "staging",
+            tp * STAGING_BYTES_PER_RANK,
+            f"{tp} x {STAGING_BYTES_PER_RANK // GIB} GiB weight-loading and HiCache IO staging buffers",
+        ),
+        Term("shm", shm, "the memory-backed /dev/shm emptyDir counts against the pod's memory limit"),
+    ]
+    terms = [t for t in terms if t.bytes]
+    margin = math.ceil(sum(t.bytes for t in terms) * MARGIN_FRACTION)
+    terms.append(
+        Term(
+            "margin",
+            margin,
+            f"{MARGIN_FRACTION.numerator * 100 // MARGIN_FRACTION.denominator}% "
+            "for page cache and allocator fragmentation",
+        )
+    )
+    return terms
+
+
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_SUFFIX = {
+    None: 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 1 << 10,
+    "Mi": 1 << 20,
+    "Gi": 1 << 30,
+    "Ti": 1 << 40,
+    "Pi": 1 << 50,
+    "Ei": 1 << 60,
+}
+
+
+def parse_quantity(value: str, what: str) -> int:
+    """A Kubernetes memory/storage quantity in bytes (rounded up)."""
+    m = _QUANTITY.match(value.strip())
+    if not m:
+        raise SizingError(f"{what} {value!r} is not a quantity like 600Gi or 500G")
+    return math.ceil(Fraction(m.group(1)) * _SUFFIX[m.group(2)])
+
+
+def _round_up(value: int, unit: int) -> int:
+    return -(-value // unit) * unit
+
+
+@dataclass(frozen=True)
+class Disk:
+    """The file tier: per-rank payload cap and the per-replica volume that holds all ranks' files."""
+
+    cap_bytes_per_rank: int | None
+    volume_bytes: int | None
+    problems: tuple[str, ...] = ()
+
+
+def _volume_for(cap: int, tp: int) -> int:
+    """The volume (whole GiB) that holds `tp` ranks' caps plus the filesystem headroom."""
+    return _round_up(math.ceil(cap * tp / (1 - DISK_HEADROOM_FRACTION)), GIB)
+
+
+def size_disk(spec: QwenHiCacheServerSpec, min_cap: int) -> Disk:
+    """Cap from the volume, the volume from the cap, or both checked against each other."""
+    d, tp = spec.hicache.disk, spec.runtime.tensor_parallel_size
+    if not d.enabled:
+        return Disk(None, None)
+    usable = 1 - DISK_HEADROOM_FRACTION
+    volume = parse_quantity(d.size, "hicache.disk.size") if d.size else None
+    cap = parse_quantity(d.cap_per_rank, "hicache.disk.capPerRank") if d.cap_per_rank else None
+    if volume is None and cap is None:
+        raise SizingError("disk tier is enabled but has no size: set hicache.disk.size or capPerRank")
+    if volume is None:
+        volume = _volume_for(cap, tp)
+    fits = math.floor(volume * usable / tp)
+    if cap is None:
+        cap = fits
+    problems = []
+    if cap > fits:
+        problems.append(
+            f"disk cap larger than the volume: capPerRank {cap:,} B x {tp} rank(s) = {cap * tp:,} B exceeds "
+            f"{volume:,} B x {float(usable):.0%} usable = {math.floor(volume * usable):,} B; "
+            f"lower capPerRank to {fits:,} B or raise hicache.disk.size to {_volume_for(cap, tp) // GIB}Gi"
+        )
+    if cap < min_cap:
+        problems.append(
+            f"disk cap leaves no room: {cap:,} B per rank cannot hold one page of KV, index and Mamba state "
+            f"({min_cap:,} B); raise hicache.disk.size (or capPerRank)"
+        )
+    return Disk(cap, volume, tuple(problems))
+
+
+# --- the result -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """Every derived number (bytes, tokens, slots are ints) and the explained pod-memory terms."""
+
+    tensor_parallel_size: int
+    page_size: int
+    replicas: int
+    geometry: Geometry
+    shapes: RankShapes
+    device: DevicePools
+    host: HostPools
+    terms: tuple[Term, ...]
+    pod_memory_limit_bytes: int
+    shm_bytes: int
+    disk: Disk
+    context_length: int | None
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def pod_memory_request_bytes(self) -> int:
+        """Request = limit: pinned pools cannot be reclaimed, so the pod must be Guaranteed."""
+        return self.pod_memory_limit_bytes
+
+    @property
+    def kv_tokens_per_mamba_slot(self) -> int:
+        """Mean cached-prefix length at which both host pools fill together; shorter prefixes run out of
+        Mamba slots first and leave host KV that cannot be restored."""
+        return self.host.kv_tokens // self.host.mamba_slots if self.host.mamba_slots else 0
+
+    @property
+    def restorable_kv_tokens(self) -> int:
+        """Host KV restorable with one Mamba checkpoint per cached prefix of contextLength tokens."""
+        if not self.host.mamba_slots:
+            return self.host.kv_tokens
+        length = self.context_length or self.kv_tokens_per_mamba_slot
+        return min(self.host.kv_tokens, self.host.mamba_slots * length)
+
+    def launch_sizing(self) -> LaunchSizing:
+        """The numbers render needs."""
+        return LaunchSizing(
+            host_size_gb=self.host.hicache_size_gb,
+            pod_memory_request_bytes=self.pod_memory_request_bytes,
+            pod_memory_limit_bytes=self.pod_memory_limit_bytes,
+            shm_bytes=self.shm_bytes,
+            disk_cap_bytes_per_rank=self.disk.cap_bytes_per_rank,
+            disk_volume_bytes=self.disk.volume_bytes,
+        )
+
+    def as_status(self) -> dict[str, Any]:
+        """`status.sizing`: camelCase, every derived number, the terms and the problems."""
+        s, dev, host = self.shapes, self.device, self.host
+        out: dict[str, Any] = {
+            "tensorParallelSize": self.tensor_parallel_size,
+            "pageSize": self.page_size,
+            "kvBytesPerToken": s.kv_bytes_per_token,
+            "indexBytesPerPage": s.index_bytes_per_page,
+            "mambaBytesPerSlot": s.mamba_bytes_per_slot,
+            "pleStateBytesPerSlot": s.ple_bytes_per_slot,
+            "deviceKVTokensPerRank": dev.kv_tokens,
+            "deviceKVTokensEstimated": dev.kv_tokens_estimated,
+            "deviceMambaSlotsPerRank": dev.mamba_slots,
+            "deviceMambaSlotsAssumed": dev.mamba_slots_assumed,
+            "deviceKVBytesPerRank": dev.kv_bytes,
+            "deviceMambaBytesPerRank": dev.mamba_bytes,
+            "hicacheSizeGB": host.hicache_size_gb,
+            "hicacheRatio": host.hicache_ratio,
+            "hostKVTokensPerRank": host.kv_tokens,
+            "hostMambaSlotsPerRank": host.mamba_slots,
+            "hostKVBytesPerRank": host.kv_bytes,
+            "hostIndexBytesPerRank": host.index_bytes,
+            "hostMambaBytesPerRank": host.mamba_bytes,
+            "hostBytesPerRank": host.total_bytes,
+            "hostBytesPerPod": host.total_bytes * self.tensor_parallel_size,
+            "coverageKVTokensPerMambaSlot": self.kv_tokens_per_mamba_slot,
+            "coverageRestorableKVTokensPerRank": self.restorable_kv_tokens,
+            "coverageFraction": round(self.restorable_kv_tokens / host.kv_tokens, 4)
+            if host.kv_tokens
+            else 0.0,
+            "podMemoryRequestBytes": self.pod_memory_request_bytes,
+            "podMemoryLimitBytes": self.pod_memory_limit_bytes,
+            "shmBytes": self.shm_bytes,
+            "diskCapBytesPerRank": self.disk.cap_bytes_per_rank,
+            "diskVolumeBytes": self.disk.volume_bytes,
+            "diskHeadroomFraction": float(DISK_HEADROOM_FRACTION),
+            "memoryTerms": [asdict(t) for t in self.terms],
+            "notes": list(self.notes),
+            "problems": list(self.problems),
+        }
+        return out
+
+
+def check_fit(sizing: Sizing, node_allocatable_bytes: int | None) -> list[str]:
+    """Problems when the pod cannot fit a node's allocatable memory; each names the numbers and the fix."""
+    if node_allocatable_bytes is None or sizing.pod_memory_limit_bytes <= node_allocatable_bytes:
+        return []
+    tp = sizing.tensor_parallel_size
+    fixed = sum(t.bytes for t in sizing.terms if t.name not in ("hostPools", "margin"))
+    room = node_allocatable_bytes / (1 + MARGIN_FRACTION) - fixed
+    per_rank_gb = math.floor(room / tp / GB) if room > 0 else 0
+    fix = (
+        f"lower hicache.hostMemoryPerRankGB to {per_rank_gb} or less, or use nodes with at least "
+        f"{_gib(sizing.pod_memory_limit_bytes)} allocatable"
+        if per_rank_gb >= 1
+        else f"use nodes with at least {_gib(sizing.pod_memory_limit_bytes)} allocatable memory"
+    )
+    return [
+        f"pod needs {_gib(sizing.pod_memory_limit_bytes)} memory "
+        f"({tp} x {_gib(sizing.host.total_bytes)} host pools "
+        f"+ {_gib(fixed)} reserve, processes, PLE table and shm + margin) but the node has "
+        f"{_gib(node_allocatable_bytes)} allocatable: {fix}"
+    ]
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:,.1f} GiB"
+
+
+def _notes(dev: DevicePools, host: HostPools) -> list[str]:
+    notes = []
+    if dev.kv_tokens_estimated:
+        notes.append(
+            "deviceKVTokens is estimated from gpuMemoryGB; set hicache.deviceKVTokens from the runtime log"
+        )
+    if dev.mamba_slots_assumed:
+        notes.append(f"runtime.maxMambaCacheSize unset: sized for {dev.mamba_slots} device Mamba slots")
+    if host.kv_tokens <= dev.kv_tokens:
+        notes.append(
+            f"host KV ({host.kv_tokens:,} tokens) is not larger than device KV ({dev.kv_tokens:,}): with "
+            "write_through the host tier fills with duplicates of device pages"
+        )
+    return notes
+
+
+def compute_sizing(spec: QwenHiCacheServerSpec) -> Sizing:
+    """All sizing for one spec; raises SizingError for input that cannot be sized at all."""
+    try:
+        g = resolve_geometry(spec.model)
+    except GeometryError as err:
+        raise SizingError(str(err)) from err
+    rt = spec.runtime
+    tp, page = rt.tensor_parallel_size, rt.page_size
+    ssm_dtype = rt.mamba_ssm_dtype or g.mamba_ssm_dtype or "float32"
+    shapes = rank_shapes(g, tp, rt.kv_cache_dtype, ssm_dtype, rt.speculative is not None, page)
+    dev = device_pools(spec, g, shapes)
+    host = host_pools(spec, dev, shapes)
+    shm = shm_bytes(tp)
+    terms = memory_terms(tp, host, g, shm)
+    limit = _round_up(sum(t.bytes for t in terms), GIB)
+    disk = size_disk(
+        spec, page * shapes.kv_bytes_per_token + shapes.index_bytes_per_page + shapes.mamba_bytes_per_slot
+    )
+    node = getattr(rt, "node_memory", None)
+    sizing = Sizing(
+        tp,
+        page,
+        spec.replicas,
+        g,
+        shapes,
+        dev,
+        host,
+        tuple(terms),
+        limit,
+        shm,
+        disk,
+        rt.context_length,
+        notes=_notes(dev, host),
+    )
+    node_bytes = parse_quantity(node, "runtime.nodeMemory") if node else None
+    sizing.problems.extend([*disk.problems, *check_fit(sizing, node_bytes)])
+    return sizing

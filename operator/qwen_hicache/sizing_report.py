@@ -1,0 +1,55 @@
+"""`qwen-hicache size`: the sizing as a readable table, each number with where it comes from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+GIB = 1 << 30
+
+_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("kvBytesPerToken", "B", "host KV per token: K+V dims x KV heads/rank x (attn + MTP layers) x dtype"),
+    ("indexBytesPerPage", "B", "QSA compressed keys per page: index dim x bf16 x layers x page / ratio"),
+    ("mambaBytesPerSlot", "B", "Mamba slot: (conv + SSM) x GDN layers + PLE side state"),
+    ("deviceKVTokensPerRank", "tok", "GPU KV pool per rank (runtime log, or estimated)"),
+    ("deviceMambaSlotsPerRank", "slots", "GPU Mamba slots per rank (--max-mamba-cache-size)"),
+    ("hicacheSizeGB", "GB", "--hicache-size per rank (whole GB), split KV:Mamba by device bytes"),
+    ("hicacheRatio", "x", "--hicache-ratio (host pools = ratio x device pools) when no size is set"),
+    ("hostKVTokensPerRank", "tok", "host KV tokens per rank, whole pages + 1 pad page"),
+    ("hostMambaSlotsPerRank", "slots", "host Mamba slots per rank, + 1 pad slot"),
+    ("hostBytesPerRank", "B", "pinned host pools per rank: KV + QSA index + Mamba"),
+    ("coverageKVTokensPerMambaSlot", "tok", "mean cached prefix at which KV and Mamba fill together"),
+    ("coverageFraction", "", "share of host KV restorable with one Mamba state per contextLength prefix"),
+    ("podMemoryLimitBytes", "B", "pod memory limit (= request): the terms below, rounded up to GiB"),
+    ("shmBytes", "B", "/dev/shm (memory-backed emptyDir) size"),
+    ("diskCapBytesPerRank", "B", "file tier cap per rank (SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE)"),
+    ("diskVolumeBytes", "B", "cache volume per replica: TP ranks x cap + filesystem headroom"),
+)
+
+
+def _fmt(value: Any, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "B" and isinstance(value, int) and value >= GIB // 16:
+        return f"{value:,} B ({value / GIB:,.2f} GiB)"
+    if isinstance(value, int):
+        return f"{value:,} {unit}".rstrip()
+    return f"{value} {unit}".rstrip()
+
+
+def _table(rows: list[tuple[str, str, str]]) -> list[str]:
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    return [f"  {a:<{w0}}  {b:>{w1}}  {c}" for a, b, c in rows]
+
+
+def render_table(sizing: Any, title: str = "") -> str:
+    """The status dict (or a `Sizing`) as text: numbers, memory terms with their reasons, notes, problems."""
+    s = sizing.as_status() if hasattr(sizing, "as_status") else sizing
+    lines = [f"Sizing for {title}" if title else "Sizing", ""]
+    lines += _table([(key, _fmt(s.get(key), unit), why) for key, unit, why in _ROWS if key in s])
+    lines += ["", "Pod memory limit, term by term:"]
+    lines += _table([(t["name"], _fmt(t["bytes"], "B"), t["why"]) for t in s.get("memoryTerms", [])])
+    for header, key in (("Notes:", "notes"), ("PROBLEMS (SizingValid=False):", "problems")):
+        if s.get(key):
+            lines += ["", header, *(f"  - {m}" for m in s[key])]
+    return "\n".join(lines) + "\n"
