@@ -7,7 +7,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from qwen_hicache.geometry import PROFILES, Geometry, GeometryError, from_hf_config, resolve_geometry
 
 HF = Path(__file__).parent / "data" / "hf"
@@ -26,7 +25,7 @@ def test_flash_next_profile_matches_a_qwen4_exp_config():
 
 
 def test_qwen4_exp_ple_and_qsa_follow_the_runtime_config_class():
-    """Qwen4ExpTextConfig: short-conv state = (hidden x hc_count, (kernel-1) x ngram); table = heads x base rows."""
+    """Qwen4ExpTextConfig: PLE window (hidden x hc_count, (kernel-1) x ngram); table heads x base rows."""
     g = from_hf_config(hf("qwen4_exp"))
     assert (g.full_attention_layers, g.linear_attention_layers) == (12, 36)
     assert (g.ple_channels, g.ple_conv_kernel_size, g.ngram_size) == (2560 * 4, 4, 3)
@@ -57,7 +56,10 @@ def test_qwen3_5_reads_the_nested_text_config_and_layer_types():
         ({"model_type": "llama"}, "unsupported model_type 'llama'"),
         ([1, 2], "must be a JSON object"),
         ({"model_type": "qwen3_next", "num_hidden_layers": 4, "head_dim": 64}, "no 'num_key_value_heads'"),
-        ({"model_type": "qwen3_5", "text_config": {"layer_types": ["sliding_attention"]}}, "sliding_attention"),
+        (
+            {"model_type": "qwen3_5", "text_config": {"layer_types": ["sliding_attention"]}},
+            "sliding_attention",
+        ),
     ],
 )
 def test_unreadable_configs_raise_a_specific_error(config, message):
