@@ -101,43 +101,18 @@ def write_kubeconfig(
 def make_certs(run_dir: Path) -> None:
     """CA, a serving cert for 127.0.0.1/localhost and an admin client cert (system:masters)."""
     (run_dir / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl(
-        "req",
-        "-x509",
-        *ec,
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "7",
-        "-subj",
-        "/CN=qwen-hicache-dev-ca",
-        cwd=run_dir,
-    )
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "7"]
+    ca = ["-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=qwen-hicache-dev-ca"]
+    _openssl("req", "-x509", *key, *ca, cwd=run_dir)
     for name, subj, ext in (
         ("server", "/CN=127.0.0.1", ["-extfile", "san.ext"]),
         ("admin", "/O=system:masters/CN=admin", []),
     ):
-        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subj, cwd=run_dir)
         _openssl(
-            "x509",
-            "-req",
-            "-in",
-            f"{name}.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            f"{name}.crt",
-            "-days",
-            "7",
-            *ext,
-            cwd=run_dir,
+            "req", *key[:-2], "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subj, cwd=run_dir
         )
+        sign = ["-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "7", *ext]
+        _openssl("x509", "-req", "-in", f"{name}.csr", *sign, "-out", f"{name}.crt", cwd=run_dir)
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -264,60 +239,31 @@ class DevCluster:
                 if attempt == 2 or "address already in use" not in str(exc):
                     raise
                 self._stop_procs()
+                shutil.rmtree(self._dir / "etcd", ignore_errors=True)
         write_kubeconfig(self.kubeconfig, self.server, self.ca_cert, *self.client_cert)
 
+    # fmt: off
     def _etcd_cmd(self, etcd: Path, port: int, peer: int) -> list[str]:
         client, peer_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{peer}"
         return [
-            str(etcd),
-            "--data-dir",
-            str(self._dir / "etcd"),
-            "--name",
-            "default",
-            "--listen-client-urls",
-            client,
-            "--advertise-client-urls",
-            client,
-            "--listen-peer-urls",
-            peer_url,
-            "--initial-advertise-peer-urls",
-            peer_url,
-            "--initial-cluster",
-            f"default={peer_url}",
-            "--unsafe-no-fsync",
-            "--log-level",
-            "warn",
+            str(etcd), "--data-dir", str(self._dir / "etcd"), "--name", "default",
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+            "--initial-cluster", f"default={peer_url}", "--unsafe-no-fsync", "--log-level", "warn",
         ]
 
     def _apiserver_cmd(self, apiserver: Path, etcd_port: int, port: int) -> list[str]:
         d, unused = self._dir, str(self._dir / "unused.kubeconfig")
         return [
-            str(apiserver),
-            "--etcd-servers",
-            f"http://127.0.0.1:{etcd_port}",
-            "--bind-address",
-            "127.0.0.1",
-            "--secure-port",
-            str(port),
-            "--tls-cert-file",
-            str(d / "server.crt"),
-            "--tls-private-key-file",
-            str(d / "server.key"),
-            "--cert-dir",
-            str(d / "certs"),
-            "--client-ca-file",
-            str(self.ca_cert),
-            "--authentication-skip-lookup",
-            "--authentication-kubeconfig",
-            unused,
-            "--authorization-kubeconfig",
-            unused,
-            "--kubeconfig",
-            unused,
-            "--disable-admission-plugins",
-            _DISABLED_ADMISSION,
-            "--enable-garbage-collector=false",
+            str(apiserver), "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
+            "--bind-address", "127.0.0.1", "--secure-port", str(port),
+            "--tls-cert-file", str(d / "server.crt"), "--tls-private-key-file", str(d / "server.key"),
+            "--cert-dir", str(d / "certs"), "--client-ca-file", str(self.ca_cert),
+            "--authentication-skip-lookup", "--authentication-kubeconfig", unused,
+            "--authorization-kubeconfig", unused, "--kubeconfig", unused,
+            "--disable-admission-plugins", _DISABLED_ADMISSION, "--enable-garbage-collector=false",
         ]
+    # fmt: on
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
         out = open(self._dir / f"{name}.log", "ab")  # noqa: SIM115 - closed in _stop_procs
