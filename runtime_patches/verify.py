@@ -85,7 +85,8 @@ def parse_patch(text: str) -> list[FilePatch]:
     while i < len(lines):
         if lines[i].startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
             old, new = _strip_prefix(lines[i][4:]), _strip_prefix(lines[i + 1][4:])
-            files.append(FilePatch(new if old == "/dev/null" else old, [], old == "/dev/null", new == "/dev/null"))
+            created, deleted = old == "/dev/null", new == "/dev/null"
+            files.append(FilePatch(new if created else old, [], created, deleted))
             i += 2
             continue
         match = HUNK_RE.match(lines[i])
@@ -115,9 +116,7 @@ def apply_hunks(old: str, fpatch: FilePatch, patch_name: str) -> str:
             tag, body = line[0], line[1:]
             if tag in " -":
                 if pos >= len(src) or src[pos] != body:
-                    raise Drift(
-                        f"patch {patch_name} does not apply cleanly to {fpatch.path} at line {pos + 1}"
-                    )
+                    raise Drift(f"patch {patch_name} does not apply cleanly to {fpatch.path} at line {pos + 1}")
                 pos += 1
             if tag in " +":
                 out.append(body)

@@ -1,0 +1,297 @@
+"""Exercise one SGLang tree's HiCache file tier on CPU and print the outcomes as JSON.
+
+Run as ``python runtime_probe.py TREE WORKDIR``; the tests run it once against the
+pinned parent and once against the patched tree, in separate interpreters so the
+two ``sglang`` packages never share a process. On CPU ``is_cuda()`` is false, so
+the host pools never import ``sgl_kernel``. One stub: ``torchvision`` (imported by
+``sglang.srt.configs`` at load, unused here) -- its PyPI wheel links
+``libc10_cuda.so``, which a CPU torch lacks, so it cannot load on a CPU runner.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from unittest import mock
+
+TREE, WORK = Path(sys.argv[1]), Path(sys.argv[2])
+
+
+class _StubModule(ModuleType):
+    __path__: list[str] = []
+
+    def __getattr__(self, name: str) -> object:
+        return mock.MagicMock(name=f"{self.__name__}.{name}")
+
+
+class _GpuOnlyStub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serve a placeholder for torchvision (CUDA-linked wheel), see the docstring."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "torchvision" or fullname.startswith("torchvision."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        return _StubModule(spec.name)
+
+    def exec_module(self, module):
+        pass
+
+
+if importlib.util.find_spec("torchvision") is None:
+    sys.meta_path.insert(0, _GpuOnlyStub())
+sys.path.insert(0, str(TREE))
+logging.disable(logging.CRITICAL)
+
+import torch  # noqa: E402
+from sglang.srt.mem_cache import hicache_storage as hs  # noqa: E402
+from sglang.srt.mem_cache.device_pool_info import (  # noqa: E402
+    KVBufferLayout,
+    KVBuffers,
+    MambaStateBufferInfo,
+    MHABufferInfo,
+)
+from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.pool_host.qsa import QSAIndexerPoolHost  # noqa: E402
+
+PAGE = 64
+KEYS = [f"{i:064x}" for i in range(1, 4)]
+
+
+def storage(path: Path) -> hs.HiCacheFile:
+    cfg = hs.HiCacheStorageConfig(
+        tp_rank=0,
+        tp_size=1,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=False,
+        enable_storage_metrics=False,
+        is_page_first_layout=True,
+        model_name="Qwen/probe",
+    )
+    return hs.HiCacheFile(cfg, file_path=str(path))
+
+
+def ptrs(layers: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    return torch.tensor([t.data_ptr() for t in layers], dtype=torch.uint64)
+
+
+def kv_host() -> MHATokenToKVPoolHost:
+    layers, heads, dim = 2, 2, 16
+    k = tuple(torch.zeros(PAGE * 4, heads, dim, dtype=torch.bfloat16) for _ in range(layers))
+    v = tuple(torch.zeros(PAGE * 4, heads, dim, dtype=torch.bfloat16) for _ in range(layers))
+    info = MHABufferInfo(
+        buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs(k), v_data_ptrs=ptrs(v), layout=KVBufferLayout.NHD),
+        page_size=PAGE,
+        head_num=heads,
+        head_dim=dim,
+        v_head_dim=dim,
+        dtype=torch.bfloat16,
+        device=torch.device("cpu"),
+    )
+    return MHATokenToKVPoolHost(
+        info,
+        2.0,
+        0,
+        PAGE,
+        "page_first",
+        pin_memory=False,
+        device_capacity_tokens=PAGE * 4,
+        start_layer=0,
+        end_layer=layers,
+    )
+
+
+def mamba_host(host_slots: int | None = None) -> MambaPoolHost:
+    """Two Mamba layers plus PLE side state (conv window, n-gram context) in each slot."""
+    layers, slots = 2, 8
+    info = MambaStateBufferInfo(
+        temporal=torch.zeros(layers, slots, 2, 4, 4, dtype=torch.float32),
+        conv=(torch.zeros(layers, slots, 8, 3, dtype=torch.bfloat16),),
+        extra_checkpoint_buffers=(
+            torch.zeros(slots, 3, 5, dtype=torch.bfloat16),
+            torch.zeros(slots, 7, dtype=torch.int32),
+        ),
+    )
+    kwargs = {} if host_slots is None else {"host_slots": host_slots}
+    return MambaPoolHost(info, 2.0, 0, device_capacity=slots, pin_memory=False, layout="page_first", **kwargs)
+
+
+def qsa_host(anchor: MHATokenToKVPoolHost) -> QSAIndexerPoolHost:
+    ratio = 4
+    device = SimpleNamespace(
+        qsa_compress_ratio=ratio,
+        qsa_compressed_k_buffer_pool=[torch.zeros(PAGE * 4 // ratio, 32, dtype=torch.uint8)],
+    )
+    return QSAIndexerPoolHost(device, anchor)
+
+
+def fill_random(pool, index: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    page = pool.get_dummy_flat_data_page()
+    page.copy_(torch.randint(0, 256, page.shape, generator=gen, dtype=torch.uint8))
+    pool.set_from_flat_data_page(index, page)
+    return pool.get_data_page(index, flat=True).clone()
+
+
+def transfer(name, pool, keys: list[str], first_index: int) -> hs.PoolTransfer:
+    step = getattr(pool, "page_size", 1) or 1
+    indices = torch.arange(first_index * step, (first_index + len(keys)) * step, dtype=torch.int64)
+    return hs.PoolTransfer(name=name, host_indices=indices, keys=keys)
+
+
+def kv_file(store: hs.HiCacheFile, key: str) -> Path:
+    return Path(store.file_path) / f"{store._get_component_key(key)}.bin"
+
+
+def with_bad_middle_page(damage: Callable[[Path], None]) -> dict:
+    """Write three KV pages, damage the middle file, then fetch the batch."""
+    path = WORK / damage.__name__
+    store, pool = storage(path), kv_host()
+    store.register_mem_host_pool_v2(pool, hs.PoolName.KV)
+    for i in range(3):
+        fill_random(pool, i * PAGE, seed=i)
+    store.batch_set_v2([transfer(hs.PoolName.KV, pool, KEYS, 0)])
+    bad = kv_file(store, KEYS[1])
+    out: dict = {"exists_before": store.exists(KEYS[1])}
+    damage(bad)
+    try:
+        out["results"] = store.batch_get_v2([transfer(hs.PoolName.KV, pool, KEYS, 0)])[hs.PoolName.KV]
+        out["raised"] = None
+    except Exception as exc:  # the bug: one bad file kills the whole prefetch batch
+        out["raised"] = type(exc).__name__
+    out["bad_path_left"] = os.path.lexists(bad)
+    out["exists_after"] = store.exists(KEYS[1])
+    return out
+
+
+def truncated(path: Path) -> None:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def short(path: Path) -> None:
+    os.truncate(path, 0)  # what a power loss after an un-fsynced rename leaves
+
+
+def oversized(path: Path) -> None:
+    with open(path, "ab") as f:
+        f.write(b"\0" * 128)
+
+
+def unreadable(path: Path) -> None:
+    path.unlink()
+    path.mkdir()  # open() fails with an OSError other than FileNotFoundError, even as root
+
+
+def vanished(path: Path) -> None:
+    path.unlink()
+
+
+def crash_leftovers() -> dict:
+    path = WORK / "leftovers"
+    path.mkdir(parents=True)
+    for name in (".0123abcd.tmp", ".feedface.tmp"):
+        (path / name).write_bytes(b"half a page")
+    (path / "keep.bin").write_bytes(b"x")
+    storage(path)
+    return {"left": sorted(os.listdir(path))}
+
+
+def durability() -> dict:
+    """Count fsyncs made while one page is written."""
+    calls = []
+    real = os.fsync
+    os.fsync = lambda fd: (calls.append(fd), real(fd))[1]
+    try:
+        store = storage(WORK / "durable")
+        store.set(KEYS[0], torch.arange(256, dtype=torch.uint8))
+    finally:
+        os.fsync = real
+    return {"fsyncs": len(calls)}
+
+
+def restart_round_trip() -> dict:
+    """Write KV, Mamba (with PLE side state) and QSA indexer pages, restart, read back."""
+    path = WORK / "restart"
+    written, read = {}, {}
+    for phase in ("write", "read"):
+        store, kv = storage(path), kv_host()
+        pools = {hs.PoolName.KV: kv, hs.PoolName.MAMBA: mamba_host(), hs.PoolName.INDEXER: qsa_host(kv)}
+        for name, pool in pools.items():
+            store.register_mem_host_pool_v2(pool, name)
+        keys = KEYS[:2]
+        transfers = [transfer(name, pool, keys, 1) for name, pool in pools.items()]
+        if phase == "write":
+            for name, pool in pools.items():
+                step = getattr(pool, "page_size", 1) or 1
+                written[name] = [fill_random(pool, (1 + i) * step, seed=hash((name, i)) % 1000) for i in range(2)]
+            store.batch_set_v2(transfers)
+            continue
+        exists = store.batch_exists_v2(keys, [t for t in transfers if t.name != hs.PoolName.KV])
+        results = store.batch_get_v2(transfers)
+        for name, pool in pools.items():
+            step = getattr(pool, "page_size", 1) or 1
+            read[name] = [pool.get_data_page((1 + i) * step, flat=True) for i in range(2)]
+    same = {
+        str(name): all(torch.equal(a, b) for a, b in zip(written[name], read[name], strict=True)) for name in written
+    }
+    sizes = {str(name): int(written[name][0].numel()) for name in written}
+    return {
+        "same": same,
+        "sizes": sizes,
+        "results": {str(k): v for k, v in results.items()},
+        "kv_hit_pages": exists.kv_hit_pages,
+    }
+
+
+def mamba_slots() -> dict:
+    out = {"default_size": mamba_host().size}
+    try:
+        out["explicit_size"] = mamba_host(host_slots=40).size
+    except TypeError as exc:
+        out["explicit_size"] = f"TypeError: {exc}"
+    from sglang.srt.arg_groups.fields import memory
+
+    fields, defaults = memory.Memory.__struct_fields__, memory.Memory.__struct_defaults__
+    out["flag_default"] = dict(zip(fields[len(fields) - len(defaults) :], defaults, strict=True)).get(
+        "hicache_mamba_host_slots", "absent"
+    )
+    from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler as hpa
+
+    split = getattr(hpa, "_split_hicache_size_with_mamba", None)
+    kv, mamba = SimpleNamespace(host_capacity_bytes=300), SimpleNamespace(host_capacity_bytes=100)
+    for slots in (0, 5):
+        memory_args = SimpleNamespace(hicache_mamba_host_slots=slots)
+        with mock.patch.object(hpa, "get_memory", return_value=memory_args):
+            out[f"split_slots_{slots}"] = list(split(8, (kv,), mamba)) if split else None
+    return out
+
+
+def run(fn: Callable[[], dict]) -> dict:
+    try:
+        return fn()
+    except Exception:
+        return {"error": traceback.format_exc(limit=4)}
+
+
+if __name__ == "__main__":
+    report = {
+        d.__name__: run(lambda d=d: with_bad_middle_page(d))
+        for d in (truncated, short, oversized, unreadable, vanished)
+    }
+    for fn in (crash_leftovers, durability, restart_round_trip, mamba_slots):
+        report[fn.__name__] = run(fn)
+    print(json.dumps(report))
