@@ -31,6 +31,10 @@ class LaunchSizing:
     shm_bytes: int
     disk_cap_bytes_per_rank: int | None
     disk_volume_bytes: int | None
+    host_ratio: float = 2.0
+    """`--hicache-ratio` when no size is set (always passed: unset, the runtime sizes from free RAM)."""
+    device_mamba_slots: int | None = None
+    """`--max-mamba-cache-size` the sizing assumed (always passed, so the runtime matches the numbers)."""
 
 
 def model_path(spec: QwenHiCacheServerSpec) -> str:
@@ -39,7 +43,7 @@ def model_path(spec: QwenHiCacheServerSpec) -> str:
     return f"{MODEL_MOUNT}/{sub}" if sub else MODEL_MOUNT
 
 
-def _model_flags(spec: QwenHiCacheServerSpec) -> list[str]:
+def _model_flags(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> list[str]:
     rt = spec.runtime
     args = [
         "--model-path", model_path(spec),
@@ -54,9 +58,10 @@ def _model_flags(spec: QwenHiCacheServerSpec) -> list[str]:
         "--context-length": rt.context_length,
         "--max-running-requests": rt.max_running_requests,
         "--mamba-ssm-dtype": rt.mamba_ssm_dtype,
-        "--max-mamba-cache-size": rt.max_mamba_cache_size,
         "--mem-fraction-static": rt.mem_fraction_static,
     }
+    if sizing.device_mamba_slots:
+        optional["--max-mamba-cache-size"] = sizing.device_mamba_slots
     for flag, value in optional.items():
         if value is not None:
             args += [flag, str(value)]
@@ -77,7 +82,7 @@ def _hicache_flags(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> list[st
     if sizing.host_size_gb is not None:
         args += ["--hicache-size", str(sizing.host_size_gb)]
     else:
-        args += ["--hicache-ratio", str(hc.host_ratio or 2.0)]
+        args += ["--hicache-ratio", str(sizing.host_ratio)]
     args += [
         "--hicache-write-policy", hc.write_policy,
         "--hicache-io-backend", hc.io_backend,
@@ -94,12 +99,12 @@ def _hicache_flags(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> list[st
 def launch_args(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> list[str]:
     """The runtime's full argument list (after the entrypoint), extra args last."""
     observability = ["--enable-metrics", "--enable-cache-report"]
-    return [*_model_flags(spec), *_hicache_flags(spec, sizing), *observability, *spec.runtime.extra_args]
+    return [*_model_flags(spec, sizing), *_hicache_flags(spec, sizing), *observability, *spec.runtime.extra_args]
 
 
 def managed_flags(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> set[str]:
     """Flags the operator sets itself (extra args may not repeat them)."""
-    derived = [*_model_flags(spec), *_hicache_flags(spec, sizing), "--enable-metrics", "--enable-cache-report"]
+    derived = [*_model_flags(spec, sizing), *_hicache_flags(spec, sizing), "--enable-metrics", "--enable-cache-report"]
     always = {"--hicache-storage-backend", "--hicache-ratio", "--hicache-size"}
     return {f for f in (flag_name(a) for a in derived) if f} | always
 

@@ -135,7 +135,7 @@ def _volumes(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> list[O
 
 def get_container(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Obj:
     """The runtime container, started with the derived SGLang flags."""
-    return {
+    container = {
         "name": "sglang",
         "image": spec.runtime.image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
@@ -147,6 +147,9 @@ def get_container(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> O
         "volumeMounts": _volume_mounts(spec),
         **_probes(spec),
     }
+    if not container["env"]:
+        del container["env"]  # the server drops empty lists; rendering one would look like drift forever
+    return container
 
 
 def get_pod_template(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Obj:

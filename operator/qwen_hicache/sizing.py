@@ -489,6 +489,8 @@ class Sizing:
             shm_bytes=self.shm_bytes,
             disk_cap_bytes_per_rank=self.disk.cap_bytes_per_rank,
             disk_volume_bytes=self.disk.volume_bytes,
+            host_ratio=self.host.hicache_ratio or DEFAULT_HICACHE_RATIO,
+            device_mamba_slots=self.device.mamba_slots or None,
         )
 
     def as_status(self) -> dict[str, Any]:

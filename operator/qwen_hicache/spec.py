@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from .geometry import Geometry
 from .typed import ApiModel, cel
@@ -37,6 +37,16 @@ IoBackend = Literal["kernel", "direct"]
 
 
 _DRAFT_PAGE_MESSAGE = "pageSize must be at least speculative.numDraftTokens"
+
+
+_PAGE_MESSAGE = f"pageSize must be a power of two between 1 and {PAGE_SIZES[-1]}"
+_PAGE_RULE = {"x-kubernetes-validations": [cel(f"self in {PAGE_SIZES}", _PAGE_MESSAGE)]}
+
+
+def _power_of_two(value: int) -> int:
+    if value not in PAGE_SIZES:
+        raise ValueError(_PAGE_MESSAGE)
+    return value
 
 
 class WeightsVolume(ApiModel):
@@ -140,7 +150,7 @@ class RuntimeSpec(ApiModel):
     """`--max-mamba-cache-size`: device Mamba state slots."""
     mem_fraction_static: Annotated[float, Field(gt=0, lt=1)] | None = None
     """`--mem-fraction-static`."""
-    page_size: Annotated[int, Field(json_schema_extra={"enum": PAGE_SIZES})] = 64
+    page_size: Annotated[int, AfterValidator(_power_of_two), Field(json_schema_extra=_PAGE_RULE)] = 64
     """`--page-size` in tokens: a power of two; 64 is the file tier's unit (one file per page)."""
     speculative: SpeculativeSpec | None = None
     """Speculative decoding; off when unset."""

@@ -92,4 +92,13 @@ def build_status(
         status["launch"] = plan.launch
     if plan.sizing:
         status["sizing"] = plan.sizing
-    return status
+    return without_nulls(status)
+
+
+def without_nulls(value: Any) -> Any:
+    """Drop null members: a merge patch deletes them, so keeping them would make every compare differ."""
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list | tuple):
+        return [without_nulls(v) for v in value]
+    return value

@@ -1,0 +1,41 @@
+# Two entry points (see README): `make demo` and `make test`. Everything installs into .venv and
+# a per-machine cache outside the repo (~/.cache/qwen-hicache: the local API server, kubectl, helm).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+RUNTIME_TEST_REQS := $(wildcard runtime_patches/requirements-test.txt)
+
+.PHONY: setup cluster demo test lint bench crds clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml $(RUNTIME_TEST_REQS)
+	@echo "==> creating $(VENV) and installing the operator with its test dependencies"
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	$(if $(RUNTIME_TEST_REQS),$(PY) -m pip install -q -r $(RUNTIME_TEST_REQS))
+	touch $@
+
+cluster: setup
+	@echo "==> building the local Kubernetes API server and fetching kubectl/helm (first time: a few minutes)"
+	$(PY) -m qwen_hicache.devcluster build
+
+demo: cluster
+	$(VENV)/bin/qwen-hicache demo
+
+lint: setup
+	$(VENV)/bin/ruff check operator tests bench runtime_patches
+
+test: cluster lint
+	$(PY) -m pytest -q -ra
+
+bench: cluster
+	$(PY) bench/run.py
+
+crds: setup
+	$(VENV)/bin/qwen-hicache crd > crds/qwenhicacheservers.qwenhicache.io.yaml
+
+clean:
+	rm -rf $(VENV)

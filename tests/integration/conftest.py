@@ -1,0 +1,37 @@
+"""Fixtures for operator integration tests: the CRD installed, the operator running (Kopf, in-thread)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("QWEN_HICACHE_RESYNC_SECONDS", "1")  # read when the handlers module is imported
+
+from kopf.testing import KopfRunner  # noqa: E402
+from kubernetes import client  # noqa: E402
+from qwen_hicache.demo import install_crd  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def crd(kube_api: client.ApiClient) -> None:
+    """The generated CRD, installed and Established."""
+    install_crd(kube_api)
+
+
+@pytest.fixture(scope="module")
+def operator(crd: None, devcluster: Any) -> Iterator[KopfRunner]:
+    """The operator, cluster-wide and standalone, for the whole test module."""
+    argv = ["run", "--standalone", "--all-namespaces", "-m", "qwen_hicache.handlers"]
+    with KopfRunner(argv, timeout=60) as runner:
+        time.sleep(1.0)  # let the watch streams start before the first test creates objects
+        yield runner
+    assert runner.exception is None, runner.output
+
+
+@pytest.fixture
+def custom(kube_api: client.ApiClient) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(kube_api)

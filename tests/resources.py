@@ -1,0 +1,52 @@
+"""Shared test inputs: the shipped example and the bad specs both the schema and pydantic must refuse."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "qwenhicache.yaml"
+
+
+def example() -> dict[str, Any]:
+    """A fresh copy of examples/qwenhicache.yaml."""
+    return yaml.safe_load(EXAMPLE.read_text())
+
+
+def variant(**changes: Any) -> dict[str, Any]:
+    """The example with dotted-path changes, e.g. variant(**{"spec.runtime.tensorParallelSize": 4})."""
+    doc = copy.deepcopy(example())
+    for path, value in changes.items():
+        *parents, leaf = path.split(".")
+        node = doc
+        for p in parents:
+            node = node.setdefault(p, {})
+        if value is DELETE:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return doc
+
+
+DELETE = object()
+
+# (id, dotted changes, a fragment both pydantic and the API server must put in their message)
+BAD_SPECS: list[tuple[str, dict[str, Any], str]] = [
+    ("tp-zero", {"spec.runtime.tensorParallelSize": 0}, "tensorParallelSize"),
+    ("page-not-power-of-two", {"spec.runtime.pageSize": 48}, "pageSize must be a power of two"),
+    ("unknown-write-policy", {"spec.hicache.writePolicy": "write_sometimes"}, "writePolicy"),
+    ("disk-without-size", {"spec.hicache.disk": {"enabled": True}}, "disk tier is enabled but has no size"),
+    ("layer-first-layout", {"spec.hicache.memLayout": "layer_first", "spec.hicache.ioBackend": "kernel"},
+     "accepts only memLayout page_first or page_first_direct"),
+    ("layout-io-mismatch", {"spec.hicache.ioBackend": "direct"}, "page_first_direct goes with ioBackend direct"),
+    ("size-and-ratio", {"spec.hicache.hostRatio": 2.0}, "set hostMemoryPerRankGB or hostRatio, not both"),
+    ("host-size-zero", {"spec.hicache.hostMemoryPerRankGB": 0}, "hostMemoryPerRankGB"),
+    ("no-revision", {"spec.model.revision": DELETE}, "revision"),
+    ("unknown-field", {"spec.runtime.tpSize": 2}, "tpSize"),
+    ("draft-larger-than-page", {"spec.runtime.pageSize": 2}, "pageSize must be at least speculative.numDraftTokens"),
+    ("replicas-negative", {"spec.replicas": -1}, "replicas"),
+]

@@ -1,0 +1,99 @@
+"""Golden renders: a change in what the operator would apply is always a visible, reviewed diff.
+
+Regenerate after a deliberate change with `UPDATE_GOLDEN=1 pytest tests/test_render.py` (and bump
+RENDER_VERSION when the pod template changes, so running pods are not rolled by an operator upgrade).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from qwen_hicache.cli import offline_meta
+from qwen_hicache.plan import plan
+from qwen_hicache.render import RENDER_VERSION_ANNOTATION
+from resources import example, variant
+
+GOLDEN = Path(__file__).parent / "golden"
+
+VARIANTS = {
+    "example": example(),
+    "tp1": variant(**{
+        "spec.runtime.tensorParallelSize": 1, "spec.hicache.hostMemoryPerRankGB": 20, "spec.replicas": 1,
+        "spec.runtime.speculative": None, "spec.runtime.gpuMemoryGB": 141,
+    }),
+    "tp4": variant(**{
+        "spec.runtime.tensorParallelSize": 4, "spec.hicache.hostMemoryPerRankGB": 16,
+        "spec.hicache.disk": {"enabled": True, "size": "1Ti", "storageClassName": "fast-nvme", "retention": "Delete"},
+        "spec.runtime.extraArgs": ["--chunked-prefill-size", "8192"],
+        "spec.runtime.env": [{"name": "NCCL_DEBUG", "value": "WARN"}],
+    }),
+}
+
+
+def _render(doc: dict) -> list[dict]:
+    p = plan(offline_meta(doc), doc["spec"])
+    assert not p.blocked, p.problems
+    return p.objects
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_render_matches_golden(name: str) -> None:
+    text = yaml.safe_dump_all(_render(VARIANTS[name]), sort_keys=False, width=120)
+    path = GOLDEN / f"{name}.yaml"
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.read_text() == text, f"render of {name} changed; review and UPDATE_GOLDEN=1 if intended"
+
+
+def _sts(objs: list[dict]) -> dict:
+    return next(o for o in objs if o["kind"] == "StatefulSet")
+
+
+def test_statefulset_requests_gpus_memory_and_the_disk_tier() -> None:
+    doc = example()
+    p = plan(offline_meta(doc), doc["spec"])
+    sts = _sts(p.objects)
+    pod = sts["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert sts["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert sts["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert container["resources"]["limits"]["memory"] == str(p.sizing["podMemoryLimitBytes"])
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": str(p.sizing["shmBytes"])}
+    claim = sts["spec"]["volumeClaimTemplates"][0]
+    assert claim["spec"]["resources"]["requests"]["storage"] == str(p.sizing["diskVolumeBytes"])
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"] == str(p.sizing["diskCapBytesPerRank"])
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["hicache"]["mountPath"] == env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"]
+    assert mounts["model"]["readOnly"] is True
+    assert sts["spec"]["template"]["metadata"]["annotations"][RENDER_VERSION_ANNOTATION]
+
+
+def test_every_object_is_owned_and_labelled() -> None:
+    for obj in _render(example()):
+        meta = obj["metadata"]
+        assert meta["ownerReferences"][0]["kind"] == "QwenHiCacheServer"
+        assert meta["ownerReferences"][0]["controller"] is True
+        assert meta["labels"]["app.kubernetes.io/instance"] == "flash-next"
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "qwen-hicache-operator"
+
+
+def test_rendered_builtins_validate_against_kubernetes_schemas() -> None:
+    for doc in VARIANTS.values():
+        for obj in _render(doc):
+            for version in ("1.31", "1.35"):
+                kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_disk_tier_off_renders_no_claim_and_no_storage_flags() -> None:
+    doc = variant(**{"spec.hicache.disk": {"enabled": False}})
+    sts = _sts(_render(doc))
+    assert "volumeClaimTemplates" not in sts["spec"]
+    args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--hicache-storage-backend" not in args
