@@ -1,0 +1,12 @@
+"""SIMULATION ONLY -- a GPU-free test harness, not product code.
+
+Nothing in the operator imports this package. It stands in for what the local API server lacks
+(see qwen_hicache.devcluster): the StatefulSet controller, the kubelet and the SGLang runtime.
+
+- ``engine``: an HTTP stand-in for ``sglang.launch_server`` with the runtime's contract
+  (/health, /ready, /metrics names, /flush_cache with the admin key, /generate with
+  ``cached_tokens_details``) whose disk tier is the real ``HiCacheFile`` of the pinned wheel.
+- ``cluster``: ``SimCluster`` creates a StatefulSet's pods and claims, binds claims to host
+  directories, runs init containers, the engine and preStop hooks on loopback pod IPs.
+- ``sglang_tree``: fetches the pinned sglang wheel and applies the runtime patch series.
+"""

@@ -1,0 +1,330 @@
+"""SIMULATION ONLY: a GPU-free stand-in for ``python3 -m sglang.launch_server``.
+
+    python -m qwen_hicache.sim.engine <the runtime container's args> [--sim-* options]
+
+It takes the runtime's argv (unknown flags are ignored) and serves the part of SGLang 0.5.23's HTTP
+contract the operator uses: ``GET /health`` and ``GET /ready`` (503 while starting or after
+SIGTERM), ``GET /metrics`` (the runtime's metric names; labelled counters appear after their first
+increment), ``POST /flush_cache?timeout=N`` (admin key when ``--admin-api-key``; waits for the
+disk backup queue, then clears device and host; 400 on timeout), ``POST /generate`` (byte-level
+tokens, deterministic text, ``meta_info.cached_tokens_details`` with ``--enable-cache-report``) and
+``POST /hicache/storage-backend/clear``. ``GET /sim/info`` is the harness's own window.
+
+What is real: the disk tier (``HiCacheFile`` from the pinned, patched wheel: file names, write,
+read, discard and prefix-existence code), the page-key chain, the 256-token prefetch threshold,
+write-through backup in the background (dropped on SIGTERM), SIGTERM's drain-then-exit order.
+What is simulated: the model (no weights, output is a hash), device/host pools (LRU sets sized by
+``--sim-device-pages``/``--sim-host-pages``), timings, the page payloads (derived from the keys).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+COLD_ENV = "QWEN_HICACHE_SIM_COLD"
+DEFAULT_PREFETCH_THRESHOLD = 256
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The runtime flags the stand-in honours, plus ``--sim-*`` knobs; everything else is ignored."""
+    p = argparse.ArgumentParser(prog="qwen_hicache.sim.engine", allow_abbrev=False)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--model-path", default="sim-model")
+    p.add_argument("--page-size", type=int, default=64)
+    p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument("--admin-api-key", default=None)
+    p.add_argument("--enable-cache-report", action="store_true")
+    p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--enable-hierarchical-cache", action="store_true")
+    p.add_argument("--hicache-write-policy", default="write_through")
+    p.add_argument("--hicache-storage-backend", default=None)
+    p.add_argument("--hicache-storage-prefetch-policy", default="timeout")
+    p.add_argument("--hicache-storage-backend-extra-config", default=None)
+    p.add_argument("--sim-startup-seconds", type=float, default=0.0, help="delay before /ready turns 200")
+    p.add_argument("--sim-cold", action="store_true", help="never read the disk tier (a cold start)")
+    p.add_argument("--sim-write-delay", type=float, default=0.0, help="seconds per page backed up to disk")
+    p.add_argument("--sim-request-seconds", type=float, default=0.0, help="time each /generate takes")
+    p.add_argument("--sim-device-pages", type=int, default=4096)
+    p.add_argument("--sim-host-pages", type=int, default=16384)
+    args, _ = p.parse_known_args(argv)
+    args.served_model_name = args.served_model_name or args.model_path
+    args.sim_cold = args.sim_cold or os.environ.get(COLD_ENV, "") not in ("", "0")
+    extra = json.loads(args.hicache_storage_backend_extra_config or "{}")
+    args.prefetch_threshold = int(extra.get("prefetch_threshold", DEFAULT_PREFETCH_THRESHOLD))
+    return args
+
+
+class Engine:
+    """Cache bookkeeping and lifecycle state of one stand-in server (thread-safe)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from qwen_hicache.sim import tiers
+
+        self.args, self.tiers = args, tiers
+        self.state = "starting"
+        self.lock = threading.Lock()
+        self.running = 0
+        self.counters: dict[str, int] = {}
+        self.device = tiers.LruTier(args.sim_device_pages)
+        self.host = tiers.LruTier(args.sim_host_pages if args.enable_hierarchical_cache else 0)
+        self.disk: Any = None
+        self.tree: dict = {}
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Open the disk tier (the wheel's HiCacheFile sweeps stale .tmp files), then turn ready.
+
+        A startup failure exits the process non-zero, as the runtime's does (the pod then shows it).
+        """
+        time.sleep(self.args.sim_startup_seconds)
+        try:
+            if self.args.hicache_storage_backend == "file":
+                self.disk = self._open_disk()
+        except Exception:
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
+        self.state = "ready"
+
+    def _open_disk(self) -> Any:
+        from qwen_hicache.sim import sglang_tree
+
+        tree = os.environ.get(sglang_tree.TREE_ENV) or sglang_tree.patched_sglang_tree()
+        self.tree = {"path": str(tree), **sglang_tree.tree_info(tree)}
+        hs = sglang_tree.import_hicache_storage(tree)
+        directory = os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR") or "/tmp/hicache"
+        a = self.args
+        return self.tiers.DiskTier(hs, directory, a.served_model_name, a.tp_size, a.page_size, a.sim_write_delay)
+
+    def drain(self) -> None:
+        """SIGTERM: /ready and /health turn 503, running requests finish; queued disk writes are dropped."""
+        self.state = "stopping"
+        while self.running:
+            time.sleep(0.01)
+
+    # -- requests -----------------------------------------------------------------------------
+    def _count(self, name: str, value: int) -> None:
+        if value > 0:
+            self.counters[name] = self.counters.get(name, 0) + value
+
+    def generate(self, body: dict) -> dict:
+        with self.lock:
+            self.running += 1
+        try:
+            time.sleep(self.args.sim_request_seconds)
+            tokens = body.get("input_ids") or list(str(body.get("text", "")).encode())
+            with self.lock:
+                details = self._match_and_insert(tokens)
+            return self._response(tokens, body.get("sampling_params") or {}, details)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+    def _match_and_insert(self, tokens: list[int]) -> dict[str, int]:
+        """Device, then host, then disk (only >= prefetch_threshold tokens); then cache the prompt."""
+        page = self.args.page_size
+        keys = self.tiers.page_keys(tokens, page)
+        matchable = keys[: max(len(tokens) - 1, 0) // page]  # one token is always computed
+        d = self.device.prefix_hits(matchable)
+        h = self.host.prefix_hits(matchable[d:])
+        s = 0
+        if self.disk is not None and not self.args.sim_cold and matchable[d + h :]:
+            min_pages = -(-self.args.prefetch_threshold // page)
+            s = self.disk.load(keys[: len(matchable)], d + h + min_pages) - d - h
+            s = max(s, 0)
+        self._insert(keys)
+        details = {"device": d * page, "host": h * page, "storage": s * page}
+        for source, n in details.items():
+            self._count(f"cached_tokens_total/{source}", n)
+        return details
+
+    def _insert(self, keys: list[str]) -> None:
+        evicted = self.device.add(keys)
+        self.host.add(keys if self.args.hicache_write_policy != "write_back" else evicted)
+        if self.disk is not None and keys:
+            self.disk.enqueue(keys if self.args.hicache_write_policy != "write_back" else evicted)
+
+    def _response(self, tokens: list[int], sampling: dict, details: dict[str, int]) -> dict:
+        n_out = int(sampling.get("max_new_tokens", 16))
+        digest = hashlib.sha256(bytes(str(tokens), "ascii")).hexdigest()
+        text = (digest * (n_out // 64 + 1))[:n_out]
+        meta: dict[str, Any] = {
+            "id": digest[:32],
+            "prompt_tokens": len(tokens),
+            "completion_tokens": n_out,
+            "cached_tokens": sum(details.values()),
+            "finish_reason": {"type": "length", "length": n_out},
+        }
+        if self.args.enable_cache_report:
+            meta["cached_tokens_details"] = details
+        return {"text": text, "meta_info": meta}
+
+    def flush(self, timeout: float) -> tuple[bool, str]:
+        """Wait (up to ``timeout``) until idle and the backup queue is empty, then clear device and host."""
+        deadline = time.monotonic() + timeout
+        if self.disk is not None and not self.disk.wait_drained(timeout):
+            return False, "Flush cache failed: the storage backup did not finish in time.\n"
+        while self.running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with self.lock:
+            if self.running:
+                return False, "Flush cache failed: requests are still running.\n"
+            self.device.clear()
+            self.host.clear()
+        return True, "Cache flushed.\n"
+
+    # -- observability ------------------------------------------------------------------------
+    def metrics(self) -> str:
+        from qwen_hicache.sim.metrics import render
+
+        if self.disk is not None:
+            stats, page = self.disk.stats, self.args.page_size
+            self.counters["prefetched_tokens_total"] = stats.prefetched_pages * page
+            self.counters["backuped_tokens_total"] = stats.backuped_pages * page
+            self.counters["qwen_hicache_sim:corrupt_pages_total"] = stats.corrupt_pages
+        gauges = {
+            "num_running_reqs": self.running,
+            "hicache_host_used_tokens": len(self.host.pages) * self.args.page_size,
+            "hicache_host_total_tokens": self.host.capacity * self.args.page_size,
+        }
+        return render(self.args.served_model_name, self.counters, gauges)
+
+    def info(self) -> dict:
+        disk = self.disk
+        return {
+            "state": self.state,
+            "running": self.running,
+            "device_pages": len(self.device.pages),
+            "host_pages": len(self.host.pages),
+            "disk_dir": disk.directory if disk else None,
+            "disk_files": disk.file_count() if disk else 0,
+            "pending_writes": disk.pending() if disk else 0,
+            "corrupt_pages": disk.stats.corrupt_pages if disk else 0,
+            "read_errors": disk.stats.read_errors[-5:] if disk else [],
+            "cold": self.args.sim_cold,
+            "tree": self.tree,
+            "pid": os.getpid(),
+        }
+
+
+class Handler(BaseHTTPRequestHandler):
+    """Routes the runtime's endpoints to the ``Engine`` on ``server.engine``."""
+
+    server: Any
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass
+
+    def _send(self, status: int, body: str | dict, content_type: str = "text/plain; charset=utf-8") -> None:
+        data = (json.dumps(body) if isinstance(body, dict) else body).encode()
+        if isinstance(body, dict):
+            content_type = "application/json"
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _admin_ok(self) -> bool:
+        key = self.server.engine.args.admin_api_key
+        if key and self.headers.get("Authorization", "") != f"Bearer {key}":
+            self._send(401, {"error": "Unauthorized"})
+            return False
+        return True
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        engine, path = self.server.engine, urlparse(self.path).path
+        if path in ("/health", "/ready", "/health_generate"):
+            ok = engine.state == "ready"
+            self._send(200 if ok else 503, "" if ok else f"{engine.state}\n")
+        elif path == "/metrics":
+            self._send(200, engine.metrics(), "text/plain; version=0.0.4; charset=utf-8")
+        elif path == "/sim/info":
+            self._send(200, engine.info())
+        elif path == "/flush_cache":
+            self._flush()
+        else:
+            self._send(404, {"error": f"no route {path}"})
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        path = urlparse(self.path).path
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if path == "/generate":
+            self._generate(body)
+        elif path == "/flush_cache":
+            self._flush()
+        elif path == "/hicache/storage-backend/clear":
+            self._clear_storage()
+        else:
+            self._send(404, {"error": f"no route {path}"})
+
+    def _clear_storage(self) -> None:
+        disk = self.server.engine.disk
+        if self._admin_ok():
+            if disk is not None:
+                disk.clear()
+            self._send(200 if disk is not None else 400, {"success": disk is not None})
+
+    def _generate(self, body: bytes) -> None:
+        engine = self.server.engine
+        if engine.state != "ready":
+            self._send(503, {"error": f"server is {engine.state}"})
+            return
+        try:
+            request = json.loads(body or b"{}")
+        except json.JSONDecodeError as exc:
+            self._send(400, {"error": str(exc)})
+            return
+        self._send(200, engine.generate(request))
+
+    def _flush(self) -> None:
+        if not self._admin_ok():
+            return
+        query = parse_qs(urlparse(self.path).query)
+        ok, message = self.server.engine.flush(float(query.get("timeout", ["0"])[0]))
+        self._send(200 if ok else 400, message)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Bind first (so /health answers 503 while starting), start, serve until SIGTERM/SIGINT."""
+    engine = Engine(args)
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    server.daemon_threads = True
+    server.engine = engine  # type: ignore[attr-defined]
+
+    def stop(signum: int, _frame: object) -> None:
+        def run() -> None:
+            engine.drain()
+            server.shutdown()
+
+        threading.Thread(target=run, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    threading.Thread(target=engine.start, name="startup", daemon=True).start()
+    server.serve_forever(poll_interval=0.05)
+    server.server_close()
+    sys.stdout.flush()
+    os._exit(0)  # the backup thread dies with its queue, as the runtime drops queued writes
+
+
+def main(argv: list[str] | None = None) -> int:
+    return serve(parse_args(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
