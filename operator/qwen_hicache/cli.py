@@ -78,11 +78,16 @@ def cmd_size(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """Run the operator; the chart's Deployment runs exactly this (see charts/qwen-hicache-operator)."""
     import kopf
 
     from . import handlers  # noqa: F401 - registers the handlers
 
     kopf.configure(verbose=args.verbose)
+    if args.metrics_port:
+        from .metrics import start_metrics_server
+
+        start_metrics_server(args.metrics_port, addr=args.metrics_address)
     kopf.run(
         standalone=args.standalone,
         clusterwide=not args.namespace,
@@ -113,6 +118,8 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("-n", "--namespace", action="append", help="watch only this namespace (repeatable)")
     o.add_argument("--standalone", action="store_true", help="no Kopf peering (exactly one operator)")
     o.add_argument("--liveness", default=None, help="health endpoint, e.g. http://0.0.0.0:8080/healthz")
+    o.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port (0: off)")
+    o.add_argument("--metrics-address", default="0.0.0.0", help="address for --metrics-port")
     o.add_argument("-v", "--verbose", action="store_true")
     o.set_defaults(fn=cmd_run)
     d = sub.add_parser("demo", help="local API server + CRD + operator + the example, then print the result")
