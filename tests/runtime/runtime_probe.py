@@ -10,6 +10,7 @@ the host pools never import ``sgl_kernel``. One stub: ``torchvision`` (imported 
 
 from __future__ import annotations
 
+import ast
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -280,6 +281,106 @@ def mamba_slots() -> dict:
     return out
 
 
+def _backup_controller(store: hs.HiCacheFile, pool: MHATokenToKVPoolHost, write_s: float):
+    """A HybridCacheController with only what its storage-backup thread touches; each page write takes write_s."""
+    import contextlib
+    import threading
+    import time
+    from queue import Queue
+
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+
+    ctrl = object.__new__(HybridCacheController)
+    ctrl.__dict__.update(
+        enable_storage=True,
+        page_size=PAGE,
+        storage_stop_event=threading.Event(),
+        backup_drain_deadline=None,
+        backup_queue=Queue(),
+        ack_backup_queue=Queue(),
+        storage_backend=store,
+        storage_host_pool=pool,
+        mem_pool_host=SimpleNamespace(layout_lease=contextlib.nullcontext),
+        storage_config=SimpleNamespace(is_storage_writer=True),
+        pp_prefetch_command_thread=None,
+    )
+    ctrl.page_set_func = lambda *a: (time.sleep(write_s), ctrl._generic_page_set(*a))[1]
+    ctrl.backup_thread = threading.Thread(target=ctrl.backup_thread_func, daemon=True)
+    ctrl.backup_thread.start()
+    return ctrl
+
+
+def _queue_backups(ctrl, keys: list[str]) -> None:
+    """Enqueue one page per key and return once the first is being written (the rest are queued)."""
+    import time
+
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import StorageOperation
+
+    for i, key in enumerate(keys):
+        ctrl.backup_queue.put(StorageOperation(torch.arange(i * PAGE, (i + 1) * PAGE), [], hash_value=[key]))
+    while ctrl.backup_queue.qsize() > len(keys) - 1:
+        time.sleep(0.005)
+
+
+def _method_from_source(path: str, cls: str, name: str) -> Callable:
+    """Compile one self-contained method out of TREE's source.
+
+    unified_radix_cache imports the OpenAI protocol models at load, which a CPU
+    test runner does not install; release_host_resources itself uses only self.
+    """
+    module = ast.parse((TREE / path).read_text())
+    klass = next(n for n in module.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    fn = next(n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    fn.returns = None
+    namespace: dict = {}
+    exec(compile(ast.Module([fn], []), str(TREE / path), "exec"), namespace)
+    return namespace[name]
+
+
+def shutdown_drain() -> dict:
+    """Queue four page backups behind a slow disk, then run the graceful-shutdown release.
+
+    The files present when release_host_resources returns are what survives: the
+    scheduler process exits right after it, taking the daemon backup thread along.
+    """
+    import time
+
+    release_host_resources = _method_from_source(
+        "sglang/srt/mem_cache/unified_radix_cache.py", "UnifiedRadixCache", "release_host_resources"
+    )
+    keys = [f"{i:064x}" for i in range(10, 14)]
+    out = {}
+    for case, timeout in (("graceful", "8"), ("bounded", "0.3")):
+        os.environ["SGLANG_HICACHE_STORAGE_DRAIN_TIMEOUT"] = timeout
+        store, pool = storage(WORK / f"drain-{case}"), kv_host()
+        for i in range(len(keys)):
+            fill_random(pool, i * PAGE, seed=i)
+        ctrl = _backup_controller(store, pool, write_s=0.25)
+        _queue_backups(ctrl, keys)
+        on_destroy = []
+        cache = SimpleNamespace(
+            cache_controller=ctrl,
+            linker=None,
+            host_pool_group=SimpleNamespace(destroy=lambda: on_destroy.append(sum(map(store.exists, keys)))),
+        )
+        start = time.monotonic()
+        release_host_resources(cache)
+        out[case] = {
+            "written_at_exit": sum(kv_file(store, k).exists() for k in keys),
+            "written_when_pools_released": on_destroy,
+            "seconds": round(time.monotonic() - start, 2),
+            "thread_alive": ctrl.backup_thread.is_alive(),
+        }
+    os.environ.pop("SGLANG_HICACHE_STORAGE_DRAIN_TIMEOUT")
+    # reset()/detach() stop the threads without a drain deadline: queued work is dropped, as before.
+    store, pool = storage(WORK / "drain-detach"), kv_host()
+    ctrl = _backup_controller(store, pool, write_s=0.25)
+    _queue_backups(ctrl, keys)
+    ctrl._stop_storage_threads()
+    out["stop_without_drain"] = {"written": sum(kv_file(store, k).exists() for k in keys)}
+    return out
+
+
 def run(fn: Callable[[], dict]) -> dict:
     try:
         return fn()
@@ -292,6 +393,6 @@ if __name__ == "__main__":
         d.__name__: run(lambda d=d: with_bad_middle_page(d))
         for d in (truncated, short, oversized, unreadable, vanished)
     }
-    for fn in (crash_leftovers, durability, restart_round_trip, mamba_slots):
+    for fn in (crash_leftovers, durability, restart_round_trip, mamba_slots, shutdown_drain):
         report[fn.__name__] = run(fn)
     print(json.dumps(report))

@@ -8,6 +8,7 @@ the run directory once the owning process is gone or `max_lifetime_s` has passed
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -23,7 +24,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Any
 
 import yaml
 
@@ -36,6 +37,15 @@ _DISABLED_ADMISSION = (
     "NamespaceLifecycle,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,"
     "ValidatingAdmissionPolicy,MutatingAdmissionPolicy"
 )
+_NEW_KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+# Metadata level: who (user, groups, user agent) did what (verb, group, resource, subresource,
+# namespace, name) and the response code, without request or response bodies.
+_AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+"""
 _UNUSED_KUBECONFIG = """apiVersion: v1
 kind: Config
 clusters: [{name: none, cluster: {server: "http://127.0.0.1:1"}}]
@@ -97,16 +107,21 @@ def write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, n
 def make_certs(run_dir: Path) -> None:
     """CA, a serving cert for 127.0.0.1/localhost and an admin client cert (system:masters)."""
     (run_dir / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "7"]
     ca = ["-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=qwen-hicache-dev-ca"]
-    _openssl("req", "-x509", *key, *ca, cwd=run_dir)
-    for name, subj, ext in (
-        ("server", "/CN=127.0.0.1", ["-extfile", "san.ext"]),
-        ("admin", "/O=system:masters/CN=admin", []),
-    ):
-        _openssl("req", *key[:-2], "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subj, cwd=run_dir)
-        sign = ["-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "7", *ext]
-        _openssl("x509", "-req", "-in", f"{name}.csr", *sign, "-out", f"{name}.crt", cwd=run_dir)
+    _openssl("req", "-x509", *_NEW_KEY, "-days", "7", *ca, cwd=run_dir)
+    sign_cert(run_dir, "server", "/CN=127.0.0.1", ["-extfile", "san.ext"])
+    sign_cert(run_dir, "admin", "/O=system:masters/CN=admin")
+
+
+def sign_cert(run_dir: Path, name: str, subject: str, extra: list[str] | None = None) -> tuple[Path, Path]:
+    """A key and a certificate `name`.{key,crt} in `run_dir`, signed by its CA; returns (crt, key).
+
+    For client certificates the API server takes the user from CN and the groups from each O.
+    """
+    _openssl("req", *_NEW_KEY, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject, cwd=run_dir)
+    sign = ["-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "7", *(extra or [])]
+    _openssl("x509", "-req", "-in", f"{name}.csr", *sign, "-out", f"{name}.crt", cwd=run_dir)
+    return run_dir / f"{name}.crt", run_dir / f"{name}.key"
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -143,9 +158,13 @@ class DevCluster:
         cache_dir: Path | str | None = None,
         startup_timeout_s: float = 60.0,
         max_lifetime_s: float = 8 * 3600,
+        request_log: bool = False,
         log: Log = print,
     ) -> None:
+        """`request_log=True` audits every API request (see `requests()`); off by default because
+        the log grows with every watch event and only RBAC tests need it."""
         self._apiserver, self._etcd, self._cache_dir = apiserver, etcd, cache_dir
+        self.request_log = request_log
         self.startup_timeout_s, self.max_lifetime_s, self._log = startup_timeout_s, max_lifetime_s, log
         self.run_dir: Path | None = None
         self.server = ""
@@ -167,6 +186,56 @@ class DevCluster:
     def client_cert(self) -> tuple[Path, Path]:
         return self._dir / "admin.crt", self._dir / "admin.key"
 
+    @property
+    def audit_log(self) -> Path:
+        return self._dir / "audit.log"
+
+    def add_user(self, user: str, groups: tuple[str, ...] = (), namespace: str = "default") -> Path:
+        """A kubeconfig authenticating as `user` in `groups` (a fresh client certificate from the CA).
+
+        This server enforces no RBAC: its delegated authorizer points nowhere, so only `system:masters`
+        gets through, and every extra identity is put in that group too. The identity is for the
+        request log, which attributes calls by user name, e.g. `system:serviceaccount:<ns>:<sa>` for
+        an operator under test whose calls are then checked against its RBAC rules.
+        """
+        stem = "user-" + "".join(c if c.isalnum() else "-" for c in user)
+        # `/` and `,` are special in an openssl -subj string; service account names never contain them.
+        subject = "".join(f"/O={g}" for g in ("system:masters", *groups)) + f"/CN={user}"
+        cert, key = sign_cert(self._dir, stem, subject)
+        return write_kubeconfig(self._dir / f"{stem}.kubeconfig", self.server, self.ca_cert, cert, key, namespace)
+
+    def requests(self, user: str | None = None) -> list[dict[str, Any]]:
+        """Every API request the server has completed (or started streaming, for watches), oldest first.
+
+        One dict per request: user, groups, userAgent, verb, apiGroup, apiVersion, resource, subresource,
+        namespace, name, uri, code. Non-resource requests (`/api`, `/healthz`) have resource "" and the
+        path in `uri`. Needs `DevCluster(request_log=True)`.
+        """
+        if not self.request_log:
+            raise DevClusterError("DevCluster(request_log=True) is needed for requests()")
+        by_id: dict[str, dict[str, Any]] = {}
+        for line in self.audit_log.read_text().splitlines() if self.audit_log.exists() else ():
+            event = json.loads(line)
+            who = event.get("user") or {}
+            if user is not None and who.get("username") != user:
+                continue
+            ref = event.get("objectRef") or {}
+            by_id[event["auditID"]] = {  # a watch logs ResponseStarted, then ResponseComplete: keep one
+                "user": who.get("username", ""),
+                "groups": who.get("groups", []),
+                "userAgent": event.get("userAgent", ""),
+                "verb": event.get("verb", ""),
+                "apiGroup": ref.get("apiGroup", ""),
+                "apiVersion": ref.get("apiVersion", ""),
+                "resource": ref.get("resource", ""),
+                "subresource": ref.get("subresource", ""),
+                "namespace": ref.get("namespace", ""),
+                "name": ref.get("name", ""),
+                "uri": event.get("requestURI", ""),
+                "code": (event.get("responseStatus") or {}).get("code", 0),
+            }
+        return list(by_id.values())
+
     def env(self) -> dict[str, str]:
         """Environment additions for subprocesses (kubectl, helm, an operator) to use this cluster."""
         return {"KUBECONFIG": str(self.kubeconfig)}
@@ -182,6 +251,7 @@ class DevCluster:
         try:
             make_certs(self._dir)
             (self._dir / "unused.kubeconfig").write_text(_UNUSED_KUBECONFIG)
+            (self._dir / "audit-policy.yaml").write_text(_AUDIT_POLICY)
             self._start_watchdog()
             self._start_servers(apiserver, etcd)
         except BaseException:
@@ -254,6 +324,14 @@ class DevCluster:
             "--authentication-skip-lookup", "--authentication-kubeconfig", unused,
             "--authorization-kubeconfig", unused, "--kubeconfig", unused,
             "--disable-admission-plugins", _DISABLED_ADMISSION, "--enable-garbage-collector=false",
+            *(self._audit_flags() if self.request_log else []),
+        ]
+
+    def _audit_flags(self) -> list[str]:
+        # blocking mode: an event is on disk before the response is sent, so a test reads it at once
+        return [
+            "--audit-policy-file", str(self._dir / "audit-policy.yaml"), "--audit-log-path", str(self.audit_log),
+            "--audit-log-format", "json", "--audit-log-mode", "blocking", "--audit-log-maxsize", "0",
         ]
     # fmt: on
 

@@ -1,0 +1,36 @@
+"""Patch 0003: queued storage backups are written at graceful shutdown, bounded.
+
+runtime_probe.shutdown_drain drives HybridCacheController's real backup thread
+against a real HiCacheFile directory: four page writes (0.25 s each) are queued,
+then UnifiedRadixCache.release_host_resources -- the last step of the scheduler's
+graceful exit -- runs. Files present when it returns are what survives the exit.
+"""
+
+from __future__ import annotations
+
+N_QUEUED = 4
+
+
+def test_graceful_release_writes_every_queued_page_before_pools_go(probes: dict):
+    out = probes["patched"]["shutdown_drain"]["graceful"]
+    assert out["written_at_exit"] == N_QUEUED
+    assert out["written_when_pools_released"] == [N_QUEUED]  # drained before the host pools are unregistered
+    assert out["thread_alive"] is False
+
+
+def test_parent_drops_queued_pages_at_shutdown(probes: dict):
+    out = probes["parent"]["shutdown_drain"]["graceful"]
+    assert out["written_at_exit"] < N_QUEUED and out["thread_alive"] is True, out
+
+
+def test_drain_is_bounded_by_the_timeout(probes: dict):
+    out = probes["patched"]["shutdown_drain"]["bounded"]  # SGLANG_HICACHE_STORAGE_DRAIN_TIMEOUT=0.3
+    assert 0 < out["written_at_exit"] < N_QUEUED
+    assert out["seconds"] < 0.3 + 0.25 + 0.5  # deadline + the write in progress + slack
+    assert out["thread_alive"] is False
+
+
+def test_stop_without_drain_is_unchanged(probes: dict):
+    """reset()/detach() stop the threads with no drain deadline: same as the parent."""
+    stop = "stop_without_drain"
+    assert probes["patched"]["shutdown_drain"][stop] == probes["parent"]["shutdown_drain"][stop] == {"written": 1}
