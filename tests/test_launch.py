@@ -5,6 +5,7 @@ from __future__ import annotations
 from qwen_hicache.cli import offline_meta
 from qwen_hicache.launch import LaunchSizing, launch_args, launch_env, managed_flags
 from qwen_hicache.plan import parse_spec, plan
+from qwen_hicache.podlifecycle import DrainPlan
 from resources import example, variant
 
 SIZING = LaunchSizing(30, 1 << 30, 2 << 30, 1 << 29, 123, 456)
@@ -48,7 +49,8 @@ def test_no_disk_tier_no_storage_flags_or_env() -> None:
     doc = variant(**{"spec.hicache.disk": {"enabled": False}})
     f = _flags(doc)
     assert "--hicache-storage-backend" not in f and "--hicache-storage-prefetch-policy" not in f
-    assert launch_env(parse_spec(doc["spec"]), SIZING) == []
+    env = launch_env(parse_spec(doc["spec"]), SIZING, "v1-x", "s", DrainPlan(1, 0, 31))
+    assert not {e["name"] for e in env} & {"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", "QWEN_HICACHE_FINGERPRINT"}
 
 
 def test_extra_args_come_last_and_unset_optionals_are_omitted() -> None:

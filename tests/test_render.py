@@ -67,10 +67,18 @@ def test_statefulset_requests_gpus_memory_and_the_disk_tier() -> None:
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": str(p.sizing["shmBytes"])}
     claim = sts["spec"]["volumeClaimTemplates"][0]
     assert claim["spec"]["resources"]["requests"]["storage"] == str(p.sizing["diskVolumeBytes"])
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert env["SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"] == str(p.sizing["diskCapBytesPerRank"])
     mounts = {m["name"]: m for m in container["volumeMounts"]}
-    assert mounts["hicache"]["mountPath"] == env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"]
+    fp = env["QWEN_HICACHE_FINGERPRINT"]
+    assert env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] == f"{mounts['hicache']['mountPath']}/{fp}"
+    assert env["QWEN_HICACHE_ADMIN_API_KEY"] == {"secretKeyRef": {"name": "flash-next-admin", "key": "api-key"}}
+    assert container["args"][container["args"].index("--admin-api-key") + 1] == "$(QWEN_HICACHE_ADMIN_API_KEY)"
+    guard = pod["initContainers"][0]
+    assert guard["volumeMounts"] == [{"name": "hicache", "mountPath": mounts["hicache"]["mountPath"]}]
+    assert container["lifecycle"]["preStop"]["exec"]["command"][:2] == ["python3", "-c"]
+    drain = int(env["QWEN_HICACHE_DRAIN_SECONDS"]) + int(env["QWEN_HICACHE_FLUSH_SECONDS"])
+    assert pod["terminationGracePeriodSeconds"] > drain
     assert mounts["model"]["readOnly"] is True
     assert sts["spec"]["template"]["metadata"]["annotations"][RENDER_VERSION_ANNOTATION]
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 from qwen_hicache.cli import offline_meta
 from qwen_hicache.conditions import Condition, merge, transitions
 from qwen_hicache.plan import plan
-from qwen_hicache.status import build_status
+from qwen_hicache.status import Observed, build_status, cache_history
 from resources import example, variant
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
 
-def _status(doc: dict, ready: int = 0, old: dict | None = None, now: str = T0) -> dict:
-    sts = {"status": {"readyReplicas": ready}}
-    return build_status(plan(offline_meta(doc), doc["spec"]), sts, old, 3, now)
+def _status(doc: dict, ready: int = 0, old: dict | None = None, now: str = T0, restart: dict | None = None) -> dict:
+    obs = Observed(sts={"status": {"readyReplicas": ready}}, restart=restart)
+    return build_status(plan(offline_meta(doc), doc["spec"]), obs, old, 3, now)
 
 
 def _cond(status: dict, ctype: str) -> dict:
@@ -58,3 +58,30 @@ def test_transitions_report_only_changes() -> None:
     old = merge([Condition("Ready", "False", "A", "m")], None, 1, T0)
     assert transitions([Condition("Ready", "False", "A", "m")], old) == []
     assert [c.reason for c in transitions([Condition("Ready", "True", "B", "m")], old)] == ["B"]
+
+
+def test_paused_rollout_degrades_and_cold_start_clears_cache_warm() -> None:
+    rs = {"id": "h/1", "phase": "Paused", "reason": "ColdStart", "message": "pod flash-next-1 came back cold",
+          "pending": [], "done": ["flash-next-2"], "inFlight": [], "results": []}
+    s = _status(example(), ready=2, restart=rs)
+    assert _cond(s, "Degraded")["reason"] == "ColdStart" and _cond(s, "CacheWarm")["status"] == "False"
+    assert s["restart"]["phase"] == "Paused"
+
+
+def test_rolling_restart_is_progress_and_warm_results_set_cache_warm() -> None:
+    rs = {"id": "h/1", "phase": "Rolling", "pending": ["flash-next-0"], "done": ["flash-next-1"],
+          "inFlight": [], "results": [{"pod": "flash-next-1", "warm": True, "storageTokens": 4096,
+                                       "timeToReadySeconds": 3}]}
+    s = _status(example(), ready=2, restart=rs)
+    assert _cond(s, "Progressing")["reason"] == "RollingRestart"
+    assert "1/2 done" in _cond(s, "Progressing")["message"]
+    assert _cond(s, "CacheWarm")["status"] == "True" and "4096 tokens" in _cond(s, "CacheWarm")["message"]
+
+
+def test_cache_status_remembers_previous_fingerprints_up_to_the_keep_count() -> None:
+    s = _status(example())
+    fp = s["cache"]["fingerprint"]
+    assert s["cache"]["directory"].endswith(fp)
+    old = {"fingerprint": "v1-old", "previousFingerprints": ["v1-older"]}
+    assert cache_history(s["cache"], old, keep=1)["previousFingerprints"] == ["v1-old"]
+    assert "previousFingerprints" not in cache_history(s["cache"], old, keep=0)

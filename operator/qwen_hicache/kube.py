@@ -11,7 +11,7 @@ from typing import Any
 
 from kubernetes import client, config
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import NotFoundError
+from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError
 
 from .render import MANAGER
 from .spec import API_VERSION, KIND
@@ -59,6 +59,41 @@ class Kube:
         res = self._resource(API_VERSION, KIND)
         res.status.patch(
             body={"status": status}, name=name, namespace=namespace, content_type="application/merge-patch+json"
+        )
+
+    def list(self, api_version: str, kind: str, namespace: str, selector: dict[str, str]) -> list[Obj]:
+        """Objects of a kind in a namespace matching labels."""
+        sel = ",".join(f"{k}={v}" for k, v in selector.items())
+        return self._resource(api_version, kind).get(namespace=namespace, label_selector=sel).to_dict()["items"]
+
+    def delete_pod(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete exactly this incarnation of a pod; False when it is already gone or replaced."""
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}} if uid else None
+        try:
+            self._resource("v1", "Pod").delete(name=name, namespace=namespace, body=body)
+            return True
+        except NotFoundError:
+            return False
+        except DynamicApiError as err:
+            if err.status == 409:  # uid precondition failed: a successor already runs under this name
+                return False
+            raise
+
+    def create_if_absent(self, obj: Obj) -> bool:
+        """Create-only (never read back: used for the admin Secret). False when it already exists."""
+        try:
+            self._resource(obj["apiVersion"], obj["kind"]).create(body=obj, namespace=obj["metadata"]["namespace"])
+            return True
+        except DynamicApiError as err:
+            if err.status == 409:
+                return False
+            raise
+
+    def annotate(self, api_version: str, kind: str, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        """Merge-patch annotations onto an object the operator does not own (e.g. a volume claim)."""
+        self._resource(api_version, kind).patch(
+            body={"metadata": {"annotations": annotations}}, name=name, namespace=namespace,
+            content_type="application/merge-patch+json",
         )
 
     def get_server(self, namespace: str, name: str) -> Obj | None:

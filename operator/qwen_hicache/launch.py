@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
+from .podlifecycle import DrainPlan
 from .spec import QwenHiCacheServerSpec, flag_name
 
 MODEL_MOUNT = "/models"
@@ -17,7 +19,12 @@ ENTRYPOINT = ["python3", "-m", "sglang.launch_server"]
 
 STORAGE_DIR_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
 MAX_SIZE_ENV = "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"
-MANAGED_ENV = frozenset({STORAGE_DIR_ENV, MAX_SIZE_ENV})
+ADMIN_KEY_ENV = "QWEN_HICACHE_ADMIN_API_KEY"
+ADMIN_SECRET_KEY = "api-key"
+MANAGED_ENV = frozenset({
+    STORAGE_DIR_ENV, MAX_SIZE_ENV, ADMIN_KEY_ENV, "QWEN_HICACHE_PORT", "QWEN_HICACHE_DRAIN_SECONDS",
+    "QWEN_HICACHE_FLUSH_SECONDS", "QWEN_HICACHE_FINGERPRINT",
+})
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,8 @@ class LaunchSizing:
     """`--hicache-ratio` when no size is set (always passed: unset, the runtime sizes from free RAM)."""
     device_mamba_slots: int | None = None
     """`--max-mamba-cache-size` the sizing assumed (always passed, so the runtime matches the numbers)."""
+    host_bytes_per_rank: int = 0
+    """Pinned host pool bytes per rank (what a flush may have to write)."""
 
 
 def model_path(spec: QwenHiCacheServerSpec) -> str:
@@ -55,6 +64,8 @@ def _model_flags(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> list[str]
         "--kv-cache-dtype", rt.kv_cache_dtype,
     ]
     optional = {
+        "--dtype": rt.dtype,
+        "--quantization": rt.quantization,
         "--context-length": rt.context_length,
         "--max-running-requests": rt.max_running_requests,
         "--mamba-ssm-dtype": rt.mamba_ssm_dtype,
@@ -96,26 +107,45 @@ def _hicache_flags(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> list[st
     return args
 
 
+OBSERVABILITY = ["--enable-metrics", "--enable-cache-report"]
+ADMIN = ["--admin-api-key", f"$({ADMIN_KEY_ENV})"]
+"""The key comes from a Secret through the environment (Kubernetes expands `$(VAR)` in args)."""
+
+
 def launch_args(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> list[str]:
     """The runtime's full argument list (after the entrypoint), extra args last."""
-    observability = ["--enable-metrics", "--enable-cache-report"]
-    return [*_model_flags(spec, sizing), *_hicache_flags(spec, sizing), *observability, *spec.runtime.extra_args]
+    return [*_model_flags(spec, sizing), *_hicache_flags(spec, sizing), *OBSERVABILITY, *ADMIN,
+            *spec.runtime.extra_args]
 
 
 def managed_flags(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> set[str]:
     """Flags the operator sets itself (extra args may not repeat them)."""
-    derived = [*_model_flags(spec, sizing), *_hicache_flags(spec, sizing), "--enable-metrics", "--enable-cache-report"]
+    derived = [*_model_flags(spec, sizing), *_hicache_flags(spec, sizing), *OBSERVABILITY, *ADMIN]
     always = {"--hicache-storage-backend", "--hicache-ratio", "--hicache-size"}
     return {f for f in (flag_name(a) for a in derived) if f} | always
 
 
-def launch_env(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> list[dict[str, str]]:
-    """Environment of the runtime container: the file tier's directory and cap, then the user's env."""
-    env: list[dict[str, str]] = []
+def cache_dir(fingerprint: str) -> str:
+    """The runtime's storage directory: one namespace per configuration on the cache volume."""
+    return f"{CACHE_MOUNT}/{fingerprint}"
+
+
+def launch_env(spec: QwenHiCacheServerSpec, sizing: LaunchSizing, fingerprint: str,
+               admin_secret: str, drain: DrainPlan) -> list[dict[str, Any]]:
+    """Environment of the runtime container: file tier, admin key, drain settings, then the user's env."""
+    env: list[dict[str, Any]] = []
     if spec.hicache.disk.enabled:
-        env.append({"name": STORAGE_DIR_ENV, "value": CACHE_MOUNT})
+        env.append({"name": STORAGE_DIR_ENV, "value": cache_dir(fingerprint)})
+        env.append({"name": "QWEN_HICACHE_FINGERPRINT", "value": fingerprint})
         if sizing.disk_cap_bytes_per_rank:
             env.append({"name": MAX_SIZE_ENV, "value": str(sizing.disk_cap_bytes_per_rank)})
+    env.append({"name": ADMIN_KEY_ENV,
+                "valueFrom": {"secretKeyRef": {"name": admin_secret, "key": ADMIN_SECRET_KEY}}})
+    env += [
+        {"name": "QWEN_HICACHE_PORT", "value": str(spec.runtime.port)},
+        {"name": "QWEN_HICACHE_DRAIN_SECONDS", "value": str(drain.drain_seconds)},
+        {"name": "QWEN_HICACHE_FLUSH_SECONDS", "value": str(drain.flush_seconds)},
+    ]
     env += [{"name": e.name, "value": e.value} for e in spec.runtime.env]
     return env
 

@@ -10,7 +10,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import launch, policies, render
+from . import launch, policies, render, rollout
+from .fingerprint import fingerprint, fingerprint_inputs
+from .geometry import GeometryError
 from .sizing import SizingError, compute_sizing
 from .spec import QwenHiCacheServerSpec
 
@@ -26,6 +28,9 @@ class Plan:
     problems: list[policies.Problem] = field(default_factory=list)
     launch: Obj = field(default_factory=dict)
     sizing: Obj = field(default_factory=dict)
+    cache: Obj = field(default_factory=dict)
+    target: str = ""
+    """Rollout target every pod should run (see rollout.target_of)."""
 
     @property
     def blocked(self) -> bool:
@@ -71,10 +76,27 @@ def plan(meta: Obj, raw_spec: Obj) -> Plan:
         return Plan(None, problems=[policies.Problem("InvalidSpec", format_validation_error(err))])
     try:
         sized = compute_sizing(spec)
-    except SizingError as err:
+    except (SizingError, GeometryError) as err:
         return Plan(spec, problems=[_sizing_problem(str(err))])
     sizing = sized.launch_sizing()
     problems = [_sizing_problem(m) for m in sized.problems] + policies.evaluate(spec, sizing)
     problems.sort(key=lambda p: not p.blocking)
     objects = [] if any(p.blocking for p in problems) else render.render_all(meta, spec, sizing)
-    return Plan(spec, objects, problems, launch_status(spec, sizing), sized.as_status())
+    return Plan(spec, objects, problems, launch_status(spec, sizing), sized.as_status(), cache_status(spec, sizing),
+                rollout.target_of(spec))
+
+
+def cache_status(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Obj:
+    """The disk cache's identity and stop budget, as reported in `status.cache`."""
+    if not spec.hicache.disk.enabled:
+        return {}
+    fp = fingerprint(spec)
+    drain = render.drain_for(spec, sizing)
+    return {
+        "fingerprint": fp,
+        "directory": launch.cache_dir(fp),
+        "inputs": fingerprint_inputs(spec),
+        "drainSeconds": drain.drain_seconds,
+        "flushSeconds": drain.flush_seconds,
+        "terminationGracePeriodSeconds": drain.grace_seconds,
+    }

@@ -6,6 +6,7 @@ converges the children to the plan and is a no-op (zero writes) when they alread
 
 from __future__ import annotations
 
+import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,11 +16,11 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import DynamicApiError
 
-from . import drift
+from . import drift, engine, render, rollout
 from .conditions import transitions
 from .kube import Kube
-from .plan import plan
-from .status import build_status, conditions_for
+from .plan import Plan, plan
+from .status import Observed, build_status, conditions_for
 
 Obj = dict[str, Any]
 EventSink = Callable[[Obj, str, str, str], None]
@@ -64,11 +65,71 @@ def _apply_children(kube: Kube, objects: list[Obj], outcome: Outcome) -> Obj | N
     return sts
 
 
+OWNED_STATUS_KEYS = ("launch", "sizing", "cache", "restart", "adminSecret")
+
+
 def _status_delta(new: Obj, old: Obj) -> Obj:
     """Merge patch turning `old` into `new` for the keys this operator owns (stale keys are nulled)."""
     delta = {k: v for k, v in new.items() if old.get(k) != v}
-    delta.update({k: None for k in ("launch", "sizing") if k in old and k not in new})
+    delta.update({k: None for k in OWNED_STATUS_KEYS if k in old and k not in new})
     return delta
+
+
+def _ensure_admin_secret(kube: Kube, meta: Obj, old: Obj, outcome: Outcome) -> str:
+    """Create the admin API key Secret once (tracked in status, so a no-op reconcile does not even try)."""
+    name = render.admin_secret_name(meta["name"])
+    created = old.get("adminSecret") != name and kube.create_if_absent(
+        render.get_admin_secret(meta, secrets.token_urlsafe(32)))
+    if created:
+        outcome.applied.append(f"Secret/{name}")
+    return name
+
+
+def _annotate_claims(kube: Kube, meta: Obj, fingerprint: str) -> None:
+    """Record the cache fingerprint on each cache volume claim (they outlive the resource)."""
+    key = f"{render.ANNOTATION_PREFIX}/fingerprint"
+    claims = kube.list("v1", "PersistentVolumeClaim", meta["namespace"], render.selector(meta["name"]))
+    for claim in claims:
+        if (claim["metadata"].get("annotations") or {}).get(key) != fingerprint:
+            name = claim["metadata"]["name"]
+            kube.annotate("v1", "PersistentVolumeClaim", meta["namespace"], name, {key: fingerprint})
+
+
+def _pod_problems(pods: list[Obj]) -> tuple[str, ...]:
+    """Init-container failures, e.g. the cache guard refusing a directory of another configuration."""
+    out = []
+    for pod in pods:
+        for st in (pod.get("status") or {}).get("initContainerStatuses") or []:
+            term = (st.get("state") or {}).get("terminated") or {}
+            if term.get("exitCode"):
+                detail = (term.get("message") or term.get("reason") or "").strip()
+                out.append(f"pod {pod['metadata']['name']}: init container {st['name']} exited {term['exitCode']}"
+                           + (f": {detail}" if detail else ""))
+    return tuple(out)
+
+
+def _policy(p: Plan) -> rollout.Policy:
+    ro = p.spec.rollout
+    return rollout.Policy(ro.max_unavailable, ro.pod_timeout_seconds, ro.require_warm_start)
+
+
+def _run_rollout(kube: Kube, body: Obj, p: Plan, pods: list[Obj], now: str) -> Obj:
+    """Advance the restart state machine one step and perform its side effects."""
+    meta, old = body["metadata"], body.get("status") or {}
+    views = [rollout.PodView.from_pod(pod) for pod in pods]
+    rs, actions = rollout.plan_rollout(old.get("restart"), views, p.target, p.spec.replicas, _policy(p), now)
+    port, prompt = p.spec.runtime.port, rollout.canary_prompt(meta["name"])
+    for act in actions:
+        if act.kind == "canary":
+            res = engine.generate(act.ip, port, prompt) if act.ip else engine.CanaryResult(None, None, "no pod IP")
+            rs = rollout.canary_sent(rs, act.pod, res.prompt_tokens, res.error)
+        elif act.kind == "delete":
+            kube.delete_pod(meta["namespace"], act.pod, act.uid)
+            rs = rollout.deleted(rs, act.pod, now)
+        elif act.kind == "verify":
+            res = engine.generate(act.ip, port, prompt)
+            rs = rollout.verified(rs, act.pod, res.storage_tokens, res.error, _policy(p), now)
+    return rs
 
 
 def reconcile(kube: Kube, body: Obj, post_event: EventSink, now: str | None = None) -> Outcome:
@@ -81,22 +142,35 @@ def reconcile(kube: Kube, body: Obj, post_event: EventSink, now: str | None = No
         return _reconcile_locked(kube, fresh, post_event, now or utc_now())
 
 
+def _converge(kube: Kube, body: Obj, p: Plan, outcome: Outcome, now: str) -> Observed:
+    """Apply children, keep the cache bookkeeping, advance a rollout; report what was seen."""
+    meta, old = body["metadata"], body.get("status") or {}
+    sts = _apply_children(kube, p.objects, outcome)
+    secret = _ensure_admin_secret(kube, meta, old, outcome)
+    if p.cache:
+        _annotate_claims(kube, meta, p.cache["fingerprint"])
+    pods = kube.list("v1", "Pod", meta["namespace"], render.selector(meta["name"]))
+    restart = _run_rollout(kube, body, p, pods, now)
+    return Observed(sts=sts, restart=restart, pod_problems=_pod_problems(pods), admin_secret=secret)
+
+
 def _reconcile_locked(kube: Kube, body: Obj, post_event: EventSink, now: str) -> Outcome:
     meta, old = body["metadata"], body.get("status") or {}
     p = plan(meta, body.get("spec") or {})
     outcome = Outcome()
-    sts = None
+    obs = Observed()
     if not p.blocked:
         try:
-            sts = _apply_children(kube, p.objects, outcome)
+            obs = _converge(kube, body, p, outcome, now)
         except (ApiException, DynamicApiError) as err:
-            outcome.error = f"applying children failed: {getattr(err, 'reason', '')} {getattr(err, 'body', err)}"
-    new = build_status(p, sts, old, meta.get("generation", 0), now, outcome.error)
+            outcome.error = f"reconcile failed: {getattr(err, 'reason', '')} {getattr(err, 'body', err)}"
+            obs = Observed(apply_error=outcome.error, restart=old.get("restart"))
+    new = build_status(p, obs, old, meta.get("generation", 0), now)
     delta = _status_delta(new, old)
     if delta:
         kube.patch_status(meta["namespace"], meta["name"], delta)
         outcome.status_written = True
-    for c in transitions(conditions_for(p, sts, outcome.error), old.get("conditions")):
+    for c in transitions(conditions_for(p, obs), old.get("conditions")):
         if c.type != "Progressing":
             kind = "Warning" if _is_bad(c.type, c.status) else "Normal"
             post_event(body, kind, c.reason, f"{c.type}={c.status}: {c.message}".rstrip(": "))

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import launch
+from . import launch, podlifecycle
 from .drift import with_hash
+from .fingerprint import fingerprint
+from .rollout import CONFIG_HASH_ANNOTATION, RESTART_ANNOTATION, config_hash
+from .sizing import parse_quantity
 from .spec import API_VERSION, KIND, QwenHiCacheServerSpec
 
 Obj = dict[str, Any]
@@ -56,6 +59,21 @@ def _metadata(meta: Obj, name: str) -> Obj:
         "namespace": meta["namespace"],
         "labels": labels(meta["name"]),
         "ownerReferences": [owner_reference(meta)],
+    }
+
+
+def admin_secret_name(name: str) -> str:
+    return f"{name}-admin"
+
+
+def get_admin_secret(meta: Obj, api_key: str) -> Obj:
+    """The runtime's admin API key (guards /flush_cache and storage clear); created once, never read back."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(meta, admin_secret_name(meta["name"])),
+        "type": "Opaque",
+        "stringData": {launch.ADMIN_SECRET_KEY: api_key},
     }
 
 
@@ -133,34 +151,58 @@ def _volumes(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> list[O
     ]
 
 
-def get_container(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Obj:
+def drain_for(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> podlifecycle.DrainPlan:
+    rate = parse_quantity(spec.hicache.disk.write_bytes_per_second, "hicache.disk.writeBytesPerSecond")
+    return podlifecycle.drain_plan(spec, sizing.host_bytes_per_rank, rate)
+
+
+def get_cache_guard(meta: Obj, spec: QwenHiCacheServerSpec) -> Obj:
+    """Init container that owns the cache directory layout (see podlifecycle)."""
+    return {
+        "name": "cache-guard",
+        "image": spec.runtime.image,
+        "imagePullPolicy": spec.runtime.image_pull_policy,
+        "command": ["sh", "-c", podlifecycle.GUARD_SCRIPT],
+        "env": [
+            {"name": "QWEN_HICACHE_CACHE_ROOT", "value": launch.CACHE_MOUNT},
+            {"name": "QWEN_HICACHE_FINGERPRINT", "value": fingerprint(spec)},
+            {"name": "QWEN_HICACHE_KEEP_OLD", "value": str(spec.hicache.disk.keep_old_namespaces)},
+        ],
+        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        "volumeMounts": [{"name": CACHE_VOLUME, "mountPath": launch.CACHE_MOUNT}],
+    }
+
+
+def get_container(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Obj:
     """The runtime container, started with the derived SGLang flags."""
+    env = launch.launch_env(spec, sizing, fingerprint(spec), admin_secret_name(meta["name"]), drain_for(spec, sizing))
     container = {
         "name": "sglang",
         "image": spec.runtime.image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": list(launch.ENTRYPOINT),
         "args": launch.launch_args(spec, sizing),
-        "env": launch.launch_env(spec, sizing),
+        "env": env,
         "ports": [{"name": HTTP_PORT_NAME, "containerPort": spec.runtime.port, "protocol": "TCP"}],
         "resources": _resources(spec, sizing),
         "volumeMounts": _volume_mounts(spec),
+        "lifecycle": {"preStop": {"exec": {"command": ["python3", "-c", podlifecycle.PRESTOP_SCRIPT]}}},
         **_probes(spec),
     }
-    if not container["env"]:
-        del container["env"]  # the server drops empty lists; rendering one would look like drift forever
     return container
 
 
 def get_pod_template(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Obj:
     """Pod template; versioned so a different rendering by a newer operator is visible, not silent."""
     pod_spec: Obj = {
-        "containers": [get_container(spec, sizing)],
+        "containers": [get_container(meta, spec, sizing)],
         "volumes": _volumes(spec, sizing),
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
-        "terminationGracePeriodSeconds": 300,
+        "terminationGracePeriodSeconds": drain_for(spec, sizing).grace_seconds,
     }
+    if spec.hicache.disk.enabled:
+        pod_spec["initContainers"] = [get_cache_guard(meta, spec)]
     if spec.runtime.node_selector:
         pod_spec["nodeSelector"] = dict(spec.runtime.node_selector)
     if spec.runtime.tolerations:
@@ -168,7 +210,11 @@ def get_pod_template(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.Laun
     return {
         "metadata": {
             "labels": labels(meta["name"]),
-            "annotations": {RENDER_VERSION_ANNOTATION: RENDER_VERSION},
+            "annotations": {
+                RENDER_VERSION_ANNOTATION: RENDER_VERSION,
+                CONFIG_HASH_ANNOTATION: config_hash(spec),
+                RESTART_ANNOTATION: spec.restart or "",
+            },
         },
         "spec": pod_spec,
     }

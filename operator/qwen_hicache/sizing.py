@@ -491,6 +491,7 @@ class Sizing:
             disk_volume_bytes=self.disk.volume_bytes,
             host_ratio=self.host.hicache_ratio or DEFAULT_HICACHE_RATIO,
             device_mamba_slots=self.device.mamba_slots or None,
+            host_bytes_per_rank=self.host.total_bytes,
         )
 
     def as_status(self) -> dict[str, Any]:

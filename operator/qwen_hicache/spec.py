@@ -170,6 +170,12 @@ class RuntimeSpec(ApiModel):
     """Tolerations for GPU node taints."""
     startup_timeout_seconds: Annotated[int, Field(ge=60, le=86400)] = 3600
     """How long model loading may take before the startup probe gives up."""
+    dtype: Literal["auto", "bfloat16", "float16"] = "auto"
+    """`--dtype` of weights and activations (part of the cache fingerprint)."""
+    quantization: Annotated[str, Field(pattern=r"^[a-z0-9_]+$")] | None = None
+    """`--quantization` method, e.g. `fp8` (part of the cache fingerprint)."""
+    max_request_seconds: Annotated[int, Field(ge=1, le=86400)] = 600
+    """Longest request the server is expected to run; the drain before a stop waits at most this long."""
     gpu_memory_gb: Annotated[float, Field(gt=0, alias="gpuMemoryGB")] = 141.0
     """Memory of one GPU in GB, used to estimate the device pools when `hicache.deviceKVTokens` is unset."""
     node_memory: Annotated[str, Field(pattern=QUANTITY)] | None = None
@@ -209,6 +215,11 @@ class DiskTierSpec(ApiModel):
     """File-tier payload cap per TP rank; derived from `size` when unset, and `size` from it when only it is set."""
     retention: Literal["Retain", "Delete"] = "Retain"
     """What happens to the cache volumes when the resource is deleted or scaled down."""
+    keep_old_namespaces: Annotated[int, Field(ge=0, le=16)] = 1
+    """Old cache namespaces (directories of earlier fingerprints) kept on each volume; older ones are removed
+    at pod start, when no process can read them."""
+    write_bytes_per_second: Annotated[str, Field(pattern=QUANTITY)] = "500Mi"
+    """Assumed sustained disk write rate per pod; sizes the flush time in the termination grace period."""
 
     @model_validator(mode="after")
     def _size_when_enabled(self) -> DiskTierSpec:
@@ -266,6 +277,17 @@ class HiCacheSpec(ApiModel):
         return self
 
 
+class RolloutSpec(ApiModel):
+    """Cache-aware rolling restarts: one pod at a time, each verified warm before the next."""
+
+    max_unavailable: Annotated[int, Field(ge=1, le=64)] = 1
+    """Pods restarted at the same time (never all replicas when there are several)."""
+    pod_timeout_seconds: Annotated[int, Field(ge=30, le=86400)] = 3600
+    """How long a restarted pod may take to become ready and warm before the rollout pauses."""
+    require_warm_start: bool = True
+    """Pause the rollout when a restarted pod serves the canary without a disk-cache hit."""
+
+
 class QwenHiCacheServerSpec(ApiModel):
     """Desired state of one SGLang HiCache serving deployment."""
 
@@ -277,6 +299,10 @@ class QwenHiCacheServerSpec(ApiModel):
     """The hierarchical KV cache."""
     replicas: Annotated[int, Field(ge=0, le=64)] = 1
     """Number of serving pods; each has `tensorParallelSize` GPUs and its own disk-cache volume."""
+    restart: Annotated[str, Field(max_length=128)] | None = None
+    """Set to a new value (an id or a timestamp) to request a cache-aware rolling restart."""
+    rollout: RolloutSpec = RolloutSpec()
+    """How restarts roll through the replicas."""
 
 
 _FLAG = re.compile(r"^(--[a-z0-9-]+)")

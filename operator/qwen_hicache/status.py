@@ -3,18 +3,31 @@
 Conditions:
 - `SpecValid` / `SizingValid`: the spec can be served as written (else nothing is applied).
 - `CachePersistent`: pages reach the disk tier, so a restart can warm-start.
-- `Ready`: every desired replica is ready. `Progressing`: the workload is converging.
-- `Degraded`: something needs the admin (invalid spec, failed apply).
+- `CacheWarm`: the last verified restart of each pod served the canary from disk.
+- `Ready`: every desired replica is ready. `Progressing`: the workload or a rollout is converging.
+- `Degraded`: something needs the admin (invalid spec, failed apply, paused rollout, refused cache).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from .conditions import Condition, merge
 from .plan import Plan
 
 Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What this reconcile saw and did, besides the plan."""
+
+    sts: Obj | None = None
+    restart: Obj | None = None
+    apply_error: str | None = None
+    pod_problems: tuple[str, ...] = ()
+    admin_secret: str | None = None
 
 
 def _validity(plan: Plan) -> list[Condition]:
@@ -39,59 +52,99 @@ def _persistence(plan: Plan) -> list[Condition]:
     return [Condition("CachePersistent", "True", "WriteThrough", "pages are written through to the disk tier")]
 
 
-def _workload(plan: Plan, sts: Obj | None, apply_error: str | None) -> list[Condition]:
-    """Ready/Progressing/Degraded from the StatefulSet as observed (or the reason there is none)."""
+def _warmth(restart: Obj | None) -> list[Condition]:
+    results = (restart or {}).get("results") or []
+    if (restart or {}).get("reason") == "ColdStart":
+        return [Condition("CacheWarm", "False", "ColdStart", restart["message"])]
+    if not results:
+        return [Condition("CacheWarm", "Unknown", "NotVerified", "no restart has been verified yet")]
+    tokens = sum(r["storageTokens"] for r in results)
+    return [Condition("CacheWarm", "True", "WarmStart",
+                      f"{len(results)} restarted pod(s) served the canary from disk ({tokens} tokens restored)")]
+
+
+def _rollout_message(rs: Obj) -> str:
+    current = ", ".join(e["pod"] + ":" + e["step"] for e in rs.get("inFlight", []))
+    total = len(rs["done"]) + len(rs["pending"]) + len(rs.get("inFlight", []))
+    return f"restarting {current or 'next pod'} ({len(rs['done'])}/{total} done)"
+
+
+def _blocked(plan: Plan, obs: Observed) -> tuple[str, str] | None:
+    """The first reason nothing converges, if any."""
     if plan.blocked:
         first = next(p for p in plan.problems if p.blocking)
-        return [
-            Condition("Ready", "False", first.reason, first.message),
-            Condition("Progressing", "False", first.reason, "nothing is applied until the spec is fixed"),
-            Condition("Degraded", "True", first.reason, first.message),
-        ]
-    if apply_error:
-        return [
-            Condition("Ready", "False", "ApplyFailed", apply_error),
-            Condition("Progressing", "False", "ApplyFailed", apply_error),
-            Condition("Degraded", "True", "ApplyFailed", apply_error),
-        ]
+        return first.reason, first.message
+    if obs.apply_error:
+        return "ApplyFailed", obs.apply_error
+    return None
+
+
+def _workload(plan: Plan, obs: Observed) -> list[Condition]:
+    """Ready/Progressing/Degraded from the StatefulSet, the rollout and the pods."""
+    if blocked := _blocked(plan, obs):
+        reason, message = blocked
+        return [Condition("Ready", "False", reason, message),
+                Condition("Progressing", "False", reason, "nothing is applied until this is fixed"),
+                Condition("Degraded", "True", reason, message)]
     desired = plan.spec.replicas if plan.spec else 0
-    ready = int(((sts or {}).get("status") or {}).get("readyReplicas") or 0)
+    ready = int(((obs.sts or {}).get("status") or {}).get("readyReplicas") or 0)
     summary = f"{ready}/{desired} replicas ready"
-    healthy = Condition("Degraded", "False", "AsExpected", "")
+    rs = obs.restart or {}
+    if rs.get("phase") == "Paused":
+        degraded = Condition("Degraded", "True", rs["reason"], rs["message"])
+    elif obs.pod_problems:
+        degraded = Condition("Degraded", "True", "PodFailing", "; ".join(obs.pod_problems))
+    else:
+        degraded = Condition("Degraded", "False", "AsExpected", "")
+    if rs.get("phase") == "Rolling":
+        progressing = Condition("Progressing", "True", "RollingRestart", _rollout_message(rs))
+    elif ready < desired:
+        progressing = Condition("Progressing", "True", "WaitingForReplicas", summary)
+    else:
+        progressing = Condition("Progressing", "False", "AllReplicasReady" if desired else "ScaledToZero", summary)
     if desired == 0:
-        return [Condition("Ready", "False", "ScaledToZero", "replicas is 0"),
-                Condition("Progressing", "False", "ScaledToZero", summary), healthy]
-    if ready >= desired:
-        return [Condition("Ready", "True", "AllReplicasReady", summary),
-                Condition("Progressing", "False", "AllReplicasReady", summary), healthy]
-    return [Condition("Ready", "False", "ReplicasNotReady", summary),
-            Condition("Progressing", "True", "WaitingForReplicas", summary), healthy]
+        ready_c = Condition("Ready", "False", "ScaledToZero", "replicas is 0")
+    elif ready >= desired:
+        ready_c = Condition("Ready", "True", "AllReplicasReady", summary)
+    else:
+        ready_c = Condition("Ready", "False", "ReplicasNotReady", summary)
+    return [ready_c, progressing, degraded]
 
 
-def conditions_for(plan: Plan, sts: Obj | None, apply_error: str | None = None) -> list[Condition]:
+def conditions_for(plan: Plan, obs: Observed) -> list[Condition]:
     """Every condition this reconcile observes."""
-    return [*_validity(plan), *_persistence(plan), *_workload(plan, sts, apply_error)]
+    warm = _warmth(obs.restart) if plan.spec is not None and plan.spec.hicache.disk.enabled else []
+    return [*_validity(plan), *_persistence(plan), *warm, *_workload(plan, obs)]
 
 
-def build_status(
-    plan: Plan, sts: Obj | None, old: Obj | None, generation: int, now: str, apply_error: str | None = None
-) -> Obj:
+def cache_history(new: Obj, old: Obj | None, keep: int) -> Obj:
+    """`status.cache` with the earlier fingerprints still kept on the volumes (newest first)."""
+    if not new:
+        return {}
+    old = old or {}
+    previous = list(old.get("previousFingerprints") or [])
+    if old.get("fingerprint") and old["fingerprint"] != new["fingerprint"]:
+        previous.insert(0, old["fingerprint"])
+    previous = [fp for fp in previous if fp != new["fingerprint"]][:keep]
+    return {**new, "previousFingerprints": previous} if previous else dict(new)
+
+
+def build_status(plan: Plan, obs: Observed, old: Obj | None, generation: int, now: str) -> Obj:
     """The complete new status; identical to `old` when nothing changed (so no write happens)."""
     old = old or {}
     desired = plan.spec.replicas if plan.spec else 0
-    sts_status = (sts or {}).get("status") or {}
-    ready = int(sts_status.get("readyReplicas") or 0)
+    ready = int(((obs.sts or {}).get("status") or {}).get("readyReplicas") or 0)
     status: Obj = {
         "observedGeneration": generation,
         "replicas": desired,
         "readyReplicas": ready,
         "replicasSummary": f"{ready}/{desired}",
-        "conditions": merge(conditions_for(plan, sts, apply_error), old.get("conditions"), generation, now),
+        "conditions": merge(conditions_for(plan, obs), old.get("conditions"), generation, now),
     }
-    if plan.launch:
-        status["launch"] = plan.launch
-    if plan.sizing:
-        status["sizing"] = plan.sizing
+    keep = plan.spec.hicache.disk.keep_old_namespaces if plan.spec else 0
+    extras = {"launch": plan.launch, "sizing": plan.sizing, "cache": cache_history(plan.cache, old.get("cache"), keep),
+              "restart": obs.restart, "adminSecret": obs.admin_secret or old.get("adminSecret")}
+    status.update({k: v for k, v in extras.items() if v})
     return without_nulls(status)
 
 

@@ -1,0 +1,92 @@
+"""The cache-guard init script and the preStop drain/flush hook, run for real (sh, python3, loopback HTTP)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from qwen_hicache.plan import parse_spec
+from qwen_hicache.podlifecycle import GUARD_SCRIPT, MARKER, PRESTOP_SCRIPT, drain_plan
+from resources import example, variant
+
+
+def _guard(root: Path, fp: str, keep: int = 1) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "QWEN_HICACHE_CACHE_ROOT": str(root), "QWEN_HICACHE_FINGERPRINT": fp,
+           "QWEN_HICACHE_KEEP_OLD": str(keep)}
+    return subprocess.run(["sh", "-c", GUARD_SCRIPT], env=env, capture_output=True, text=True, timeout=30)
+
+
+def test_guard_creates_and_reuses_its_namespace(tmp_path: Path) -> None:
+    assert _guard(tmp_path, "v1-aaa").returncode == 0
+    assert (tmp_path / "v1-aaa" / MARKER).read_text().strip() == "v1-aaa"
+    (tmp_path / "v1-aaa" / "page.bin").write_bytes(b"x")
+    assert _guard(tmp_path, "v1-aaa").returncode == 0
+    assert (tmp_path / "v1-aaa" / "page.bin").exists()
+
+
+def test_guard_refuses_a_directory_whose_marker_disagrees(tmp_path: Path) -> None:
+    (tmp_path / "v1-aaa").mkdir()
+    (tmp_path / "v1-aaa" / MARKER).write_text("v1-other\n")
+    result = _guard(tmp_path, "v1-aaa")
+    assert result.returncode == 3
+    assert "refusing cache directory" in result.stderr and "v1-other" in result.stderr
+
+
+def test_guard_keeps_the_newest_old_namespaces_only(tmp_path: Path) -> None:
+    for i, fp in enumerate(["v1-old1", "v1-old2", "v1-old3"]):
+        assert _guard(tmp_path, fp, keep=5).returncode == 0
+        os.utime(tmp_path / fp / MARKER, (1000 + i, 1000 + i))
+    result = _guard(tmp_path, "v1-new", keep=1)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v1-new", "v1-old3"]
+    assert _guard(tmp_path, "v1-new", keep=0).returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v1-new"]
+
+
+class _Runtime(BaseHTTPRequestHandler):
+    running = 2.0
+    flushes: list[tuple[str, str]] = []
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server API
+        type(self).running = max(0.0, type(self).running - 1)
+        body = f'sglang:num_running_reqs{{model_name="m"}} {type(self).running}\n'.encode()
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:  # noqa: N802
+        type(self).flushes.append((self.path, self.headers.get("Authorization", "")))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_prestop_waits_for_running_requests_then_flushes_with_the_key() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Runtime)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {**os.environ, "QWEN_HICACHE_POD_HOST": "127.0.0.1", "QWEN_HICACHE_PORT": str(server.server_port),
+           "QWEN_HICACHE_DRAIN_SECONDS": "20", "QWEN_HICACHE_FLUSH_SECONDS": "7",
+           "QWEN_HICACHE_ADMIN_API_KEY": "sekret"}
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", PRESTOP_SCRIPT], env=env, capture_output=True, text=True, timeout=60)
+    server.shutdown()
+    assert out.returncode == 0, out.stderr
+    assert _Runtime.flushes == [("/flush_cache?timeout=7", "Bearer sekret")]
+    assert _Runtime.running == 0 and time.monotonic() - started >= 1  # it waited for the drain
+
+
+def test_grace_period_covers_drain_flush_and_shutdown() -> None:
+    spec = parse_spec(example()["spec"])
+    plan = drain_plan(spec, host_bytes_per_rank=30 * 10**9, write_bytes_per_second=500 << 20)
+    assert plan.drain_seconds == spec.runtime.max_request_seconds
+    assert plan.flush_seconds == -(-2 * 30 * 10**9 // (500 << 20))
+    assert plan.grace_seconds == plan.drain_seconds + plan.flush_seconds + 30
+    no_disk = drain_plan(parse_spec(variant(**{"spec.hicache.disk": {"enabled": False}})["spec"]), 10**9, 1)
+    assert no_disk.flush_seconds == 0
