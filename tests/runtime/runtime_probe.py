@@ -361,7 +361,7 @@ def shutdown_drain() -> dict:
         cache = SimpleNamespace(
             cache_controller=ctrl,
             linker=None,
-            host_pool_group=SimpleNamespace(destroy=lambda: on_destroy.append(sum(map(store.exists, keys)))),
+            host_pool_group=SimpleNamespace(destroy=lambda o=on_destroy, s=store: o.append(sum(map(s.exists, keys)))),
         )
         start = time.monotonic()
         release_host_resources(cache)
