@@ -7,13 +7,16 @@ import os
 from typing import Any
 
 import kopf
+from pydantic import ValidationError
 
-from . import reconciler
+from . import reconciler, rollout
 from .kube import Kube, load_api_client
+from .plan import parse_spec
 from .render import MANAGER
 from .spec import GROUP, PLURAL, VERSION
 
 RESYNC_SECONDS = float(os.environ.get("QWEN_HICACHE_RESYNC_SECONDS", "60"))
+ROLLOUT_POLL_SECONDS = float(os.environ.get("QWEN_HICACHE_ROLLOUT_POLL_SECONDS", "2"))
 _kube: Kube | None = None
 
 
@@ -76,3 +79,27 @@ def child_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
     server = kube().get_server(body["metadata"]["namespace"], owner) if owner else None
     if server is not None:
         _run(server, logger)
+
+
+def rollout_wanted(spec: Any, status: Any, **_: Any) -> bool:
+    """A restart is running, or the pods' target changed and one must start."""
+    try:
+        target = rollout.target_of(parse_spec(dict(spec)))
+    except ValidationError:
+        return False
+    return rollout.is_active((status or {}).get("restart"), target)
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, when=rollout_wanted, cancellation_timeout=10, initial_delay=1)
+def drive_rollout(stopped: kopf.DaemonStopped, name: str, namespace: str, logger: logging.Logger,
+                  **_: Any) -> None:
+    """Poll quickly while a rollout runs (pods restart on their own schedule); stops when it completes."""
+    while not stopped:
+        server = kube().get_server(namespace, name)
+        if server is None or not rollout_wanted(server.get("spec") or {}, server.get("status")):
+            return
+        try:
+            _run(server, logger)
+        except kopf.TemporaryError as err:
+            logger.warning("rollout step failed, retrying: %s", err)
+        stopped.wait(ROLLOUT_POLL_SECONDS)
