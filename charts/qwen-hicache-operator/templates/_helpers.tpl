@@ -1,0 +1,82 @@
+{{/* Names: <release>-qwen-hicache-operator unless the release name already contains the chart name. */}}
+{{- define "qhc.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "qhc.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 52 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "qhc.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "qhc.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "qhc.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "qhc.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: qwen-hicache
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "qhc.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "qhc.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "qhc.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The operator's API calls, one rule per (group, resources) with exactly the verbs it makes; each reason is
+in docs/install.md and tests/rbac/ checks them against the calls recorded from a running operator.
+Shared by the ClusterRole (cluster-wide mode) and every Role (namespace-scoped mode).
+*/}}
+{{- define "qhc.rules" -}}
+# The custom resource: Kopf lists and watches it, reads it fresh before each reconcile, and patches
+# its own bookkeeping annotations (progress, last-handled spec).
+- apiGroups: ["qwenhicache.io"]
+  resources: ["qwenhicacheservers"]
+  verbs: ["get", "list", "watch", "patch"]
+# One merge patch of status per reconcile.
+- apiGroups: ["qwenhicache.io"]
+  resources: ["qwenhicacheservers/status"]
+  verbs: ["patch"]
+# The serving pods' StatefulSet: read to compare, server-side apply (a PATCH, also when it creates),
+# watched for readiness changes.
+- apiGroups: ["apps"]
+  resources: ["statefulsets"]
+  verbs: ["get", "list", "watch", "patch"]
+# The client and headless Services: read to compare, server-side apply.
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "watch", "patch"]
+# Events on the resource (condition transitions, Kopf's handler errors).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end -}}
+
+{{/* Namespaces the operator watches: the list, or empty for cluster-wide. */}}
+{{- define "qhc.clusterWide" -}}
+{{- if not .Values.watch.namespaces -}}true{{- end -}}
+{{- end -}}
