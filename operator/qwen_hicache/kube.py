@@ -66,6 +66,16 @@ class Kube:
         sel = ",".join(f"{k}={v}" for k, v in selector.items())
         return self._resource(api_version, kind).get(namespace=namespace, label_selector=sel).to_dict()["items"]
 
+    def list_nodes(self, selector: dict[str, str]) -> list[Obj]:
+        """Nodes matching labels; empty when the operator may not read nodes (the chart makes it optional)."""
+        sel = ",".join(f"{k}={v}" for k, v in selector.items())
+        try:
+            return self._resource("v1", "Node").get(label_selector=sel).to_dict()["items"]
+        except DynamicApiError as err:
+            if err.status in (403, 404):
+                return []
+            raise
+
     def delete_pod(self, namespace: str, name: str, uid: str) -> bool:
         """Delete exactly this incarnation of a pod; False when it is already gone or replaced."""
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}} if uid else None

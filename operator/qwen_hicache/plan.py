@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from . import launch, policies, render, rollout
 from .fingerprint import fingerprint, fingerprint_inputs
 from .geometry import GeometryError
-from .sizing import SizingError, compute_sizing
+from .sizing import SizingError, check_fit, compute_sizing
 from .spec import QwenHiCacheServerSpec
 
 Obj = dict[str, Any]
@@ -68,8 +68,11 @@ def _sizing_problem(message: str) -> policies.Problem:
     return policies.Problem("SizingInvalid", message, condition="SizingValid")
 
 
-def plan(meta: Obj, raw_spec: Obj) -> Plan:
-    """Everything the operator derives from one resource. Invalid input yields problems, not objects."""
+def plan(meta: Obj, raw_spec: Obj, node_allocatable_bytes: int | None = None) -> Plan:
+    """Everything the operator derives from one resource. Invalid input yields problems, not objects.
+
+    `node_allocatable_bytes`: the smallest allocatable memory among the nodes the pods may land on, when the
+    operator could read them (the spec's `runtime.nodeMemory` hint is checked by sizing itself)."""
     try:
         spec = parse_spec(raw_spec)
     except ValidationError as err:
@@ -79,7 +82,8 @@ def plan(meta: Obj, raw_spec: Obj) -> Plan:
     except (SizingError, GeometryError) as err:
         return Plan(spec, problems=[_sizing_problem(str(err))])
     sizing = sized.launch_sizing()
-    problems = [_sizing_problem(m) for m in sized.problems] + policies.evaluate(spec, sizing)
+    fit = check_fit(sized, node_allocatable_bytes)
+    problems = [_sizing_problem(m) for m in [*sized.problems, *fit]] + policies.evaluate(spec, sizing)
     problems.sort(key=lambda p: not p.blocking)
     objects = [] if any(p.blocking for p in problems) else render.render_all(meta, spec, sizing)
     return Plan(spec, objects, problems, launch_status(spec, sizing), sized.as_status(), cache_status(spec, sizing),

@@ -20,6 +20,7 @@ from . import drift, engine, render, rollout
 from .conditions import transitions
 from .kube import Kube
 from .plan import Plan, plan
+from .sizing import parse_quantity
 from .status import Observed, build_status, conditions_for
 
 Obj = dict[str, Any]
@@ -154,9 +155,18 @@ def _converge(kube: Kube, body: Obj, p: Plan, outcome: Outcome, now: str) -> Obs
     return Observed(sts=sts, restart=restart, pod_problems=_pod_problems(pods), admin_secret=secret)
 
 
+def _smallest_node_memory(kube: Kube, spec: Obj) -> int | None:
+    """Smallest allocatable memory among nodes matching the node selector; None when unknown or unreadable."""
+    selector = ((spec.get("runtime") or {}).get("nodeSelector")) or {}
+    nodes = kube.list_nodes(selector)
+    sizes = [parse_quantity(str(m), "node allocatable memory") for n in nodes
+             if (m := ((n.get("status") or {}).get("allocatable") or {}).get("memory"))]
+    return min(sizes) if sizes else None
+
+
 def _reconcile_locked(kube: Kube, body: Obj, post_event: EventSink, now: str) -> Outcome:
     meta, old = body["metadata"], body.get("status") or {}
-    p = plan(meta, body.get("spec") or {})
+    p = plan(meta, body.get("spec") or {}, _smallest_node_memory(kube, body.get("spec") or {}))
     outcome = Outcome()
     obs = Observed()
     if not p.blocked:

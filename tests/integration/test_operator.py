@@ -181,3 +181,23 @@ def test_delete_removes_children_but_keeps_cache_volumes(
     eventually(lambda: not core.list_namespaced_service(namespace).items)
     claims = {c.metadata.name for c in core.list_namespaced_persistent_volume_claim(namespace).items}
     assert claims == {f"hicache-{NAME}-0", f"hicache-{NAME}-1"}
+
+
+def test_pod_that_cannot_fit_the_matching_nodes_is_refused(
+    operator: Any, kube_api: client.ApiClient, custom: client.CustomObjectsApi, namespace: str
+) -> None:
+    core = client.CoreV1Api(kube_api)
+    node = f"gpu-{namespace}"[:60]
+    core.create_node({"metadata": {"name": node, "labels": {"nvidia.com/gpu.present": "true"}}})
+    try:
+        core.patch_node_status(node, {"status": {"allocatable": {"memory": "100Gi", "nvidia.com/gpu": "8"}}})
+        _create(custom, namespace, example())
+        obj = eventually(lambda: _observed(custom, namespace))
+        sizing = condition(obj, "SizingValid")
+        assert sizing["status"] == "False" and "100.0 GiB allocatable" in sizing["message"]
+        assert "hostMemoryPerRankGB" in sizing["message"]
+        assert condition(obj, "Degraded")["status"] == "True"
+        with pytest.raises(ApiException):
+            _sts(kube_api, namespace)
+    finally:
+        core.delete_node(node)
