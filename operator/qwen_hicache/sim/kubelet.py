@@ -255,12 +255,13 @@ def secret_reader(dyn: Any) -> Any:
     def read(kind: str, namespace: str, ref: Obj) -> str | None:
         res = dyn.resources.get(api_version="v1", kind=kinds[kind])
         try:
-            data = res.get(name=ref["name"], namespace=namespace).to_dict().get("data") or {}
+            obj = res.get(name=ref["name"], namespace=namespace).to_dict()
         except Exception:
-            data = {}
-        raw = data.get(ref["key"])
-        if raw is None:
             return None
-        return base64.b64decode(raw).decode() if kind == "secretKeyRef" else raw
+        raw = (obj.get("data") or {}).get(ref["key"])
+        if raw is not None and kind == "secretKeyRef":
+            return base64.b64decode(raw).decode()
+        # the local server stores Secrets as sent: stringData is not folded into data there
+        return raw if raw is not None else (obj.get("stringData") or {}).get(ref["key"])
 
     return read
