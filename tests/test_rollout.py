@@ -105,3 +105,14 @@ def test_target_ignores_replicas_and_follows_restart() -> None:
 def test_canary_is_deterministic_and_long() -> None:
     assert canary_prompt("a") == canary_prompt("a") != canary_prompt("b")
     assert len(canary_prompt("a")) > 4000
+
+
+def test_a_new_cache_namespace_is_expected_to_start_cold() -> None:
+    policy = Policy(1, 600, True, fingerprint="v1-new")
+    old = [PodView(f"s-{i}", i, f"uid-{i}", True, f"127.0.0.{i}", OLD, "v1-old") for i in range(2)]
+    rs, _ = plan_rollout({"id": OLD, "phase": "Complete"}, old, NEW, 2, policy, T[0])
+    rs = deleted(canary_sent(rs, "s-1", 4096, None), "s-1", T[1])
+    back = old[:1] + [PodView("s-1", 1, "uid-1b", True, "127.0.0.1", NEW, "v1-new")]
+    rs, _ = plan_rollout(rs, back, NEW, 2, policy, T[2])
+    rs = verified(rs, "s-1", 0, None, policy, T[2])
+    assert rs["phase"] == "Rolling" and rs["results"][0]["newCacheNamespace"] is True

@@ -111,7 +111,8 @@ def _pod_problems(pods: list[Obj]) -> tuple[str, ...]:
 
 def _policy(p: Plan) -> rollout.Policy:
     ro = p.spec.rollout
-    return rollout.Policy(ro.max_unavailable, ro.pod_timeout_seconds, ro.require_warm_start)
+    return rollout.Policy(ro.max_unavailable, ro.pod_timeout_seconds, ro.require_warm_start,
+                          p.cache.get("fingerprint", ""))
 
 
 def _run_rollout(kube: Kube, body: Obj, p: Plan, pods: list[Obj], now: str) -> Obj:

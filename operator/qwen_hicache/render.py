@@ -12,7 +12,7 @@ from typing import Any
 from . import launch, podlifecycle
 from .drift import with_hash
 from .fingerprint import fingerprint
-from .rollout import CONFIG_HASH_ANNOTATION, RESTART_ANNOTATION, config_hash
+from .rollout import CONFIG_HASH_ANNOTATION, FINGERPRINT_ANNOTATION, RESTART_ANNOTATION, config_hash
 from .sizing import parse_quantity
 from .spec import API_VERSION, KIND, QwenHiCacheServerSpec
 
@@ -214,6 +214,7 @@ def get_pod_template(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.Laun
                 RENDER_VERSION_ANNOTATION: RENDER_VERSION,
                 CONFIG_HASH_ANNOTATION: config_hash(spec),
                 RESTART_ANNOTATION: spec.restart or "",
+                **({FINGERPRINT_ANNOTATION: fingerprint(spec)} if spec.hicache.disk.enabled else {}),
             },
         },
         "spec": pod_spec,

@@ -24,6 +24,7 @@ from .spec import QwenHiCacheServerSpec
 Obj = dict[str, Any]
 CONFIG_HASH_ANNOTATION = "qwenhicache.io/config-hash"
 RESTART_ANNOTATION = "qwenhicache.io/restart"
+FINGERPRINT_ANNOTATION = "qwenhicache.io/fingerprint"
 CANARY_TOKENS_HINT = 4096
 """Canary length in characters: well past the runtime's 256-token prefetch threshold, several pages."""
 
@@ -60,6 +61,7 @@ class PodView:
     ready: bool
     ip: str | None
     target: str
+    fingerprint: str = ""
 
     @staticmethod
     def from_pod(pod: Obj) -> PodView:
@@ -73,6 +75,7 @@ class PodView:
             ready=ready,
             ip=status.get("podIP"),
             target=f"{ann.get(CONFIG_HASH_ANNOTATION, '')}/{ann.get(RESTART_ANNOTATION, '')}",
+            fingerprint=ann.get(FINGERPRINT_ANNOTATION, ""),
         )
 
 
@@ -91,6 +94,8 @@ class Policy:
     max_unavailable: int
     timeout_seconds: int
     require_warm: bool
+    fingerprint: str = ""
+    """The cache namespace new pods use: a pod that changes namespace cannot come back warm, by design."""
 
 
 def _seconds(a: str, b: str) -> float:
@@ -156,7 +161,8 @@ def _start_next(rs: Obj, pods: dict[str, PodView], policy: Policy, replicas: int
             rs["inFlight"].append({"pod": name, "step": "WaitingReady", "uid": "", "since": now, "deletedAt": now})
         else:
             step = "Canary" if pod.ready and pod.ip else "Delete"
-            rs["inFlight"].append({"pod": name, "step": step, "uid": pod.uid, "since": now})
+            rs["inFlight"].append({"pod": name, "step": step, "uid": pod.uid, "since": now,
+                                   "sameCache": pod.fingerprint == policy.fingerprint})
             unready_others -= 0 if pod.ready else 1
 
 
@@ -205,11 +211,13 @@ def verified(rs: Obj, pod: str, storage_tokens: int | None, error: str | None, p
         entry["lastError"] = error or "no answer"
         return rs
     warm = storage_tokens > 0
+    expect_warm = entry.get("sameCache", True)
     rs["results"].append({
         "pod": pod, "warm": warm, "storageTokens": storage_tokens,
         "timeToReadySeconds": int(_seconds(entry["deletedAt"], entry["readyAt"])),
+        **({} if expect_warm else {"newCacheNamespace": True}),
     })
-    if not warm and policy.require_warm:
+    if not warm and expect_warm and policy.require_warm:
         return _pause(rs, "ColdStart", f"pod {pod} came back without a disk-cache hit for the canary "
                                        "(storage=0 tokens); nothing else is restarted")
     rs["inFlight"].remove(entry)

@@ -56,8 +56,9 @@ def _warmth(restart: Obj | None) -> list[Condition]:
     results = (restart or {}).get("results") or []
     if (restart or {}).get("reason") == "ColdStart":
         return [Condition("CacheWarm", "False", "ColdStart", restart["message"])]
+    results = [r for r in results if not r.get("newCacheNamespace")]
     if not results:
-        return [Condition("CacheWarm", "Unknown", "NotVerified", "no restart has been verified yet")]
+        return [Condition("CacheWarm", "Unknown", "NotVerified", "no restart on an existing cache verified yet")]
     tokens = sum(r["storageTokens"] for r in results)
     return [Condition("CacheWarm", "True", "WarmStart",
                       f"{len(results)} restarted pod(s) served the canary from disk ({tokens} tokens restored)")]
