@@ -39,7 +39,8 @@ def statefulset(replicas: int) -> dict:
                 {"name": "QWEN_HICACHE_ADMIN_API_KEY",
                  "valueFrom": {"secretKeyRef": {"name": "demo-admin", "key": "key"}}}],
         "ports": [{"name": "http", "containerPort": 30000}],
-        "volumeMounts": [{"name": "model", "mountPath": "/models"}, {"name": "hicache", "mountPath": "/var/cache/hicache"}],
+        "volumeMounts": [{"name": "model", "mountPath": "/models"},
+                         {"name": "hicache", "mountPath": "/var/cache/hicache"}],
         "lifecycle": {"preStop": {"exec": {"command": ["python3", "-c", PRESTOP]}}},
     }  # fmt: skip
     init = {"name": "preflight", "image": "busybox", "command": ["sh", "-c", PREFLIGHT],
