@@ -3,17 +3,12 @@
 Run as ``python runtime_probe.py TREE WORKDIR``; the tests run it once against the
 pinned parent and once against the patched tree, in separate interpreters so the
 two ``sglang`` packages never share a process. On CPU ``is_cuda()`` is false, so
-the host pools never import ``sgl_kernel``. One stub: ``torchvision`` (imported by
-``sglang.srt.configs`` at load, unused here) -- its PyPI wheel links
-``libc10_cuda.so``, which a CPU torch lacks, so it cannot load on a CPU runner.
+the host pools never import ``sgl_kernel``. One stub: ``torchvision`` (cpu_stub.py).
 """
 
 from __future__ import annotations
 
 import ast
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import json
 import logging
 import os
@@ -21,36 +16,15 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from unittest import mock
+
+import cpu_stub
 
 TREE, WORK = Path(sys.argv[1]), Path(sys.argv[2])
 
 
-class _StubModule(ModuleType):
-    __path__: list[str] = []
-
-    def __getattr__(self, name: str) -> object:
-        return mock.MagicMock(name=f"{self.__name__}.{name}")
-
-
-class _GpuOnlyStub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serve a placeholder for torchvision (CUDA-linked wheel), see the docstring."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname == "torchvision" or fullname.startswith("torchvision."):
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        return _StubModule(spec.name)
-
-    def exec_module(self, module):
-        pass
-
-
-if importlib.util.find_spec("torchvision") is None:
-    sys.meta_path.insert(0, _GpuOnlyStub())
+cpu_stub.install()
 sys.path.insert(0, str(TREE))
 logging.disable(logging.CRITICAL)
 

@@ -1,20 +1,39 @@
 """Upstream fixes the original change backported must stay in the pinned parent.
 
-Each marker is the code that carries the fix in sglang 0.5.23 (see
-runtime_patches/README.md); a future parent that loses one fails here.
+sglang 0.5.23 already carries all five (runtime_patches/README.md says where);
+these tests fail if a future parent loses one. #38851 (gather) and #36743 (Mamba
+COW fence) are run on CPU by backport_probe.py. #38290 lives in a GPU-only
+Triton kernel (its wait is a PTX griddepcontrol op) and a CUDA source file, so
+it is checked structurally: the wait must precede the bias/score loads inside
+the kernel's own body. Every guard is shown to fail on a doctored copy.
 """
 
 from __future__ import annotations
 
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+HERE = Path(__file__).resolve().parent
+ROUTER_TRITON = "sglang/kernels/ops/moe/moe_fused_gate.py"
+ROUTER_RADIX = "sglang/kernels/jit/csrc/moe/route_radix.cuh"
+SPARSE_ATTN = "sglang/srt/layers/attention/qsa/sparse_attn.py"
+QSA_BACKEND = "sglang/srt/layers/attention/qwen_sparse_attn_backend.py"
+MEMORY_POOL = "sglang/srt/mem_cache/memory_pool.py"
+MODEL_RUNNER = "sglang/srt/model_executor/model_runner.py"
 
 MARKERS = {
     "#38851 64-bit QSA gather offsets": (
         "sglang/srt/layers/attention/qsa/kernel.py",
         ["def _gather_qsa_compressed_keys_kernel(", "rows = (start + blocks).to(tl.int64)"],
     ),
+    "#38851 64-bit sparse K/V compact offsets": (SPARSE_ATTN, ["src = slots.to(tl.int64)[:, None] * heads * dim"]),
     "#36738 load-back fenced behind the forward stream": (
         "sglang/srt/managers/cache_controller.py",
         ["host_to_device_stream.wait_stream(\n                self.load_fence_stream"],
@@ -36,3 +55,170 @@ def test_backport_present_in_parent(parent_tree: Path, item: str):
     text = (parent_tree / path).read_text()
     missing = [n for n in needles if n not in text]
     assert not missing, f"{item}: {path} no longer contains {missing}"
+
+
+# --- behavioural: #38851 zero-fill + FP8->BF16, #36743 wait before whole-slot copy ---------------------------
+
+
+def run_probe(tree: Path) -> dict:
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "backport_probe.py"), str(tree)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="session")
+def parent_probe(parent_tree: Path) -> dict:
+    return run_probe(parent_tree)
+
+
+def assert_gather_fixed(out: dict) -> None:
+    assert out == {"rows_match_fp8_to_bf16": True, "padding_zero": True, "nan_left": False}, out
+
+
+def assert_cow_fenced(out: dict) -> None:
+    assert out["load_in_flight"] == [["wait_until", 6], ["copy_from", [4]]], out  # last Mamba layer, then copy
+    assert out["no_load"] == [["copy_from", [4]]], out
+
+
+def test_38851_strided_gather_zero_fills_and_converts_fp8(parent_probe: dict):
+    """Run in Triton's CPU interpreter: every pad row of the page-strided scratch is 0, FP8 rows equal .to(bf16)."""
+    assert_gather_fixed(parent_probe["qsa_gather"])
+
+
+def test_36743_whole_slot_mamba_copy_waits_for_the_final_restored_layer(parent_probe: dict):
+    assert_cow_fenced(parent_probe["mamba_cow_fence"])
+
+
+def test_behavioural_guards_fail_on_a_doctored_parent(tree_copy: Path):
+    """Drop the zero-fill store mask and the COW wait: both guards must then fail."""
+    doctor(
+        tree_copy / SPARSE_ATTN,
+        "store_mask = (cols < pad_cols)[:, None] & (dims[None, :] < dim)",
+        "store_mask = load_mask",
+    )
+    doctor(
+        tree_copy / MEMORY_POOL,
+        "self.layer_transfer_counter.wait_until(last_mamba_layer - self.start_layer)\n",
+        "pass\n",
+    )
+    out = run_probe(tree_copy)
+    with pytest.raises(AssertionError):
+        assert_gather_fixed(out["qsa_gather"])
+    with pytest.raises(AssertionError):
+        assert_cow_fenced(out["mamba_cow_fence"])
+
+
+def doctor(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert text.count(old) == 1, f"{path}: doctoring anchor not unique"
+    path.write_text(text.replace(old, new))
+
+
+# --- structural (AST / kernel body): call sites and the GPU-only #38290 waits ---------------------------------
+
+
+def function(source: str, name: str) -> ast.FunctionDef:
+    return next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def router_triton_problems(source: str) -> list[str]:
+    """_router_triton_kernel: gdc_wait() must come before every tl.load (bias, token bias, scores, ...)."""
+    fn = function(source, "_router_triton_kernel")
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call)]
+    waits = [c.lineno for c in calls if ast.unparse(c.func) == "tl.extra.cuda.gdc_wait"]
+    loads = [(c.lineno, ast.unparse(c.args[0])) for c in calls if ast.unparse(c.func) == "tl.load" and c.args]
+    if not waits:
+        return ["no gdc_wait"]
+    if not any("bias_ptr" in arg for _, arg in loads):
+        return ["bias load not found"]
+    return [f"tl.load({arg}) at line {line} before the wait" for line, arg in loads if line < min(waits)]
+
+
+def cuda_body(source: str, signature: str) -> str:
+    """The brace-matched body of the first function whose header matches ``signature``."""
+    start = source.index("{", re.search(signature, source).end())
+    depth = 0
+    for i in range(start, len(source)):
+        depth += {"{": 1, "}": -1}.get(source[i], 0)
+        if depth == 0:
+            return source[start : i + 1]
+    raise AssertionError(f"unbalanced braces after {signature}")
+
+
+def router_radix_problems(source: str) -> list[str]:
+    """route_radix_block and fused_front_epilogue_kernel: PDLWaitPrimary before the bias/score reads."""
+    problems = []
+    block = cuda_body(source, r"SGL_DEVICE void route_radix_block\(")
+    wait = block.find("PDLWaitPrimary<kUsePDL>();")
+    for read in ("bias_vec.load(params.bias", "scores_vec.load(scores"):
+        if wait < 0 or not wait < block.find(read):
+            problems.append(f"route_radix_block: {read} not after PDLWaitPrimary")
+    front = cuda_body(source, r"void fused_front_epilogue_kernel\(")
+    wait = front.find("PDLWaitPrimary<kUsePDL>();")
+    if wait < 0 or not wait < front.find("fgt_select_topk<"):
+        problems.append("fused_front_epilogue_kernel: fgt_select_topk (loads bias) not after PDLWaitPrimary")
+    return problems
+
+
+def strided_gather_problems(source: str) -> list[str]:
+    """_forward_trtllm_sparse must gather with zero_fill_cols (the page-strided layout the paged kernel reads)."""
+    fn = function(source, "_forward_trtllm_sparse")
+    calls = [
+        c
+        for c in ast.walk(fn)
+        if isinstance(c, ast.Call) and ast.unparse(c.func) == "qwen_sparse_kv_extraction_compact_triton"
+    ]
+    if not any(k.arg == "zero_fill_cols" for c in calls for k in c.keywords):
+        return ["_forward_trtllm_sparse gathers without zero_fill_cols"]
+    return []
+
+
+def deferred_cow_problems(source: str) -> list[str]:
+    """The deferred COW must go through copy_mamba_state (which fences), never mamba_pool.copy_from directly."""
+    fn = function(source, "_maybe_execute_deferred_mamba_cow_and_clear")
+    names = [ast.unparse(c.func) for c in ast.walk(fn) if isinstance(c, ast.Call)]
+    problems = [] if "pool.copy_mamba_state" in names else ["COW does not call pool.copy_mamba_state"]
+    return problems + [f"unfenced {n}" for n in names if n.endswith("mamba_pool.copy_from")]
+
+
+STRUCTURAL = {
+    "#38290 Triton router waits before bias load": (ROUTER_TRITON, router_triton_problems),
+    "#38290 radix router waits before bias load": (ROUTER_RADIX, router_radix_problems),
+    "#38851 strided decode gather zero-fills": (QSA_BACKEND, strided_gather_problems),
+    "#36743 deferred COW uses the fenced copy": (MODEL_RUNNER, deferred_cow_problems),
+}
+
+WAIT = "    if USE_PDL:\n        tl.extra.cuda.gdc_wait()\n"
+DOCTORED = {  # [(old, new), ...]: the parent with the fix undone (the pre-fix order where there was one)
+    "#38290 Triton router waits before bias load": [
+        (WAIT + "\n", ""),
+        ("    live_m = mask_m\n", WAIT + "    live_m = mask_m\n"),
+    ],
+    "#38290 radix router waits before bias load": [
+        (
+            "    PDLWaitPrimary<kUsePDL>();\n    bias_vec.load(params.bias, tx);\n",
+            "    bias_vec.load(params.bias, tx);\n    PDLWaitPrimary<kUsePDL>();\n",
+        )
+    ],
+    "#38851 strided decode gather zero-fills": [("                zero_fill_cols=stride,\n", "")],
+    "#36743 deferred COW uses the fenced copy": [("pool.copy_mamba_state(\n", "pool.mamba_pool.copy_from(\n")],
+}
+
+
+@pytest.mark.parametrize("item", sorted(STRUCTURAL))
+def test_structural_guard_holds_on_parent(parent_tree: Path, item: str):
+    path, check = STRUCTURAL[item]
+    assert check((parent_tree / path).read_text()) == []
+
+
+@pytest.mark.parametrize("item", sorted(STRUCTURAL))
+def test_structural_guard_fails_on_doctored_source(parent_tree: Path, item: str):
+    path, check = STRUCTURAL[item]
+    source = (parent_tree / path).read_text()
+    for old, new in DOCTORED[item]:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    assert check(source) != []
