@@ -60,3 +60,16 @@ def namespace(kube_api: client.ApiClient, request: pytest.FixtureRequest) -> Ite
     except ApiException as exc:
         if exc.status != 404:
             raise
+
+
+@pytest.fixture(scope="session")
+def crd(kube_api: client.ApiClient) -> None:
+    """The generated CRD, installed and Established."""
+    from qwen_hicache.demo import install_crd
+
+    install_crd(kube_api)
+
+
+@pytest.fixture
+def custom(kube_api: client.ApiClient) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(kube_api)

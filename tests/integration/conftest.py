@@ -12,14 +12,6 @@ import pytest
 os.environ.setdefault("QWEN_HICACHE_RESYNC_SECONDS", "1")  # read when the handlers module is imported
 
 from kopf.testing import KopfRunner  # noqa: E402
-from kubernetes import client  # noqa: E402
-from qwen_hicache.demo import install_crd  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def crd(kube_api: client.ApiClient) -> None:
-    """The generated CRD, installed and Established."""
-    install_crd(kube_api)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +23,3 @@ def operator(crd: None, devcluster: Any) -> Iterator[KopfRunner]:
         yield runner
     assert runner.exception is None, runner.output
 
-
-@pytest.fixture
-def custom(kube_api: client.ApiClient) -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(kube_api)

@@ -201,3 +201,15 @@ def test_pod_that_cannot_fit_the_matching_nodes_is_refused(
             _sts(kube_api, namespace)
     finally:
         core.delete_node(node)
+
+
+def test_write_back_with_a_disk_tier_warns_but_still_serves(
+    operator: Any, kube_api: client.ApiClient, custom: client.CustomObjectsApi, namespace: str
+) -> None:
+    _create(custom, namespace, variant(**{"spec.hicache.writePolicy": "write_back"}))
+    obj = eventually(lambda: _observed(custom, namespace))
+    persistent = condition(obj, "CachePersistent")
+    assert persistent["status"] == "False" and persistent["reason"] == "WriteBackNotPersisted"
+    assert _sts(kube_api, namespace).spec.replicas == 2  # a warning, not a block
+    eventually(lambda: [e for e in client.CoreV1Api(kube_api).list_namespaced_event(namespace).items
+                        if e.type == "Warning" and e.reason == "WriteBackNotPersisted"])
