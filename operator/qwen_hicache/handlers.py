@@ -76,9 +76,8 @@ def resync(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
 def child_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
     """A StatefulSet we own changed (readiness, deletion): refresh its owner's status."""
     owner = body.get("metadata", {}).get("labels", {}).get("app.kubernetes.io/instance")
-    server = kube().get_server(body["metadata"]["namespace"], owner) if owner else None
-    if server is not None:
-        _run(server, logger)
+    if owner:  # reconcile() reads the owner itself; a missing owner (deleted) is a no-op there
+        _run({"metadata": {"namespace": body["metadata"]["namespace"], "name": owner}}, logger)
 
 
 def rollout_wanted(spec: Any, status: Any, **_: Any) -> bool:

@@ -6,6 +6,7 @@ Everything here is a single API call; the decisions live in the pure modules.
 from __future__ import annotations
 
 import os
+import time
 from functools import cache
 from typing import Any
 
@@ -17,6 +18,7 @@ from .render import MANAGER
 from .spec import API_VERSION, KIND
 
 Obj = dict[str, Any]
+NODE_CACHE_SECONDS = float(os.environ.get("QWEN_HICACHE_NODE_CACHE_SECONDS", "30"))
 
 
 def load_api_client() -> client.ApiClient:
@@ -34,6 +36,7 @@ class Kube:
     def __init__(self, api_client: client.ApiClient):
         self.api_client = api_client
         self.dyn = DynamicClient(api_client)
+        self._nodes: dict[str, tuple[float, list[Obj]]] = {}
 
     @cache  # noqa: B019 - one Kube per process; discovery results never change for it
     def _resource(self, api_version: str, kind: str) -> Any:
@@ -67,14 +70,20 @@ class Kube:
         return self._resource(api_version, kind).get(namespace=namespace, label_selector=sel).to_dict()["items"]
 
     def list_nodes(self, selector: dict[str, str]) -> list[Obj]:
-        """Nodes matching labels; empty when the operator may not read nodes (the chart makes it optional)."""
-        sel = ",".join(f"{k}={v}" for k, v in selector.items())
+        """Nodes matching labels, cached for NODE_CACHE_SECONDS (nodes change rarely; every resync asks);
+        empty when the operator may not read nodes (the chart makes that permission optional)."""
+        sel = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        hit = self._nodes.get(sel)
+        if hit and time.monotonic() - hit[0] < NODE_CACHE_SECONDS:
+            return hit[1]
         try:
-            return self._resource("v1", "Node").get(label_selector=sel).to_dict()["items"]
+            nodes = self._resource("v1", "Node").get(label_selector=sel).to_dict()["items"]
         except DynamicApiError as err:
-            if err.status in (403, 404):
-                return []
-            raise
+            if err.status not in (403, 404):
+                raise
+            nodes = []
+        self._nodes[sel] = (time.monotonic(), nodes)
+        return nodes
 
     def delete_pod(self, namespace: str, name: str, uid: str) -> bool:
         """Delete exactly this incarnation of a pod; False when it is already gone or replaced."""

@@ -181,11 +181,19 @@ def _reconcile_locked(kube: Kube, body: Obj, post_event: EventSink, now: str) ->
     if delta:
         kube.patch_status(meta["namespace"], meta["name"], delta)
         outcome.status_written = True
-    for c in transitions(conditions_for(p, obs), old.get("conditions")):
-        if c.type != "Progressing":
-            kind = "Warning" if _is_bad(c.type, c.status) else "Normal"
-            post_event(body, kind, c.reason, f"{c.type}={c.status}: {c.message}".rstrip(": "))
+    _post_transitions(body, conditions_for(p, obs), old.get("conditions"), post_event)
     return outcome
+
+
+def _post_transitions(body: Obj, new: list, old: list | None, post_event: EventSink) -> None:
+    """An event per condition change; a new resource gets one summary plus its warnings, not one per condition."""
+    changed = [c for c in transitions(new, old) if c.type != "Progressing"]
+    if not old:
+        post_event(body, "Normal", "Accepted", "; ".join(f"{c.type}={c.status}" for c in changed))
+        changed = [c for c in changed if _is_bad(c.type, c.status)]
+    for c in changed:
+        kind = "Warning" if _is_bad(c.type, c.status) else "Normal"
+        post_event(body, kind, c.reason, f"{c.type}={c.status}: {c.message}".rstrip(": "))
 
 
 def _is_bad(ctype: str, status: str) -> bool:

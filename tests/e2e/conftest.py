@@ -11,13 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-os.environ.setdefault("QWEN_HICACHE_RESYNC_SECONDS", "1")
-os.environ.setdefault("QWEN_HICACHE_ROLLOUT_POLL_SECONDS", "0.3")
-
-from kubernetes import client  # noqa: E402
-from qwen_hicache.inprocess import operator_thread  # noqa: E402
-from qwen_hicache.sim.cluster import SimCluster  # noqa: E402
+from kubernetes import client
+from qwen_hicache.inprocess import operator_thread
+from qwen_hicache.sim.cluster import SimCluster
 
 
 @pytest.fixture

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-os.environ.setdefault("QWEN_HICACHE_RESYNC_SECONDS", "1")  # read when the handlers module is imported
-
-from kopf.testing import KopfRunner  # noqa: E402
+from kopf.testing import KopfRunner
 
 
 @pytest.fixture(scope="module")

@@ -72,7 +72,8 @@ def test_valid_resource_gets_children_status_and_events(
     assert {s.metadata.name for s in services} == {NAME, f"{NAME}-headless"}
     events = eventually(lambda: [e for e in client.CoreV1Api(kube_api).list_namespaced_event(namespace).items
                                  if e.involved_object.name == NAME])
-    assert any(e.reason in ("ReplicasNotReady", "Valid", "Fits", "WriteThrough") for e in events)
+    accepted = [e for e in events if e.reason == "Accepted"]
+    assert len(accepted) == 1 and "SpecValid=True" in accepted[0].message
 
 
 def test_kubectl_get_shows_columns(operator: Any, custom: client.CustomObjectsApi, devcluster: Any,
