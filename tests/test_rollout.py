@@ -116,3 +116,15 @@ def test_a_new_cache_namespace_is_expected_to_start_cold() -> None:
     rs, _ = plan_rollout(rs, back, NEW, 2, policy, T[2])
     rs = verified(rs, "s-1", 0, None, policy, T[2])
     assert rs["phase"] == "Rolling" and rs["results"][0]["newCacheNamespace"] is True
+
+
+def test_verify_records_the_runtime_storage_counters() -> None:
+    rs, _ = plan_rollout({"id": OLD, "phase": "Complete"}, pods(n=2), NEW, 2, POLICY, T[0])
+    rs = deleted(canary_sent(rs, "s-1", 4096, None), "s-1", T[1])
+    back = pods(n=1) + [PodView("s-1", 1, "uid-1b", True, "127.0.0.11", NEW)]
+    rs, _ = plan_rollout(rs, back, NEW, 2, POLICY, T[3])
+    metrics = {"sglang:cached_tokens_total{storage}": 4032.0, "sglang:prefetched_tokens_total": 4032.0,
+               "sglang:cached_tokens_total{device}": 7.0}
+    rs = verified(rs, "s-1", 4032, None, POLICY, T[3], metrics)
+    assert rs["results"][0]["metricStorageCachedTokens"] == 4032
+    assert rs["results"][0]["metricPrefetchedTokens"] == 4032 and "sglang" not in str(rs["results"][0])

@@ -1,8 +1,9 @@
 """`qwen-hicache demo`: the whole flow on one machine, against a real (local) Kubernetes API server.
 
 Real: the API server (Kubernetes 1.36 apiextensions code, etcd), CRD validation/defaulting, the operator
-(Kopf, server-side apply, status, events), kubectl. Absent: kubelet, scheduler and controllers, so no pod
-ever runs and the resource reports 0 ready replicas (the GPU-free engine harness plays them in tests).
+(Kopf, server-side apply, status, events, the rollout), kubectl, the cache-guard and preStop scripts, and the
+disk tier's file code (SGLang's own HiCacheFile, patched). Simulated by `qwen_hicache.sim`: the kubelet and
+StatefulSet controller, and the engine (a GPU-free stand-in speaking the runtime's HTTP contract).
 """
 
 from __future__ import annotations
@@ -103,15 +104,66 @@ def kubectl_get(kubeconfig: Path, ns: str) -> str:
     return out.stdout + out.stderr
 
 
+def wait_for(check: Any, what: str, timeout: float = 180) -> Any:
+    """Poll until `check()` is truthy; a clear error naming what did not happen."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := check():
+            return result
+        time.sleep(0.5)
+    raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _server(api: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
+    return client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+
+
+def _condition(obj: dict[str, Any], ctype: str) -> dict[str, Any]:
+    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == ctype), {})
+
+
+def warm_rolling_restart(api: client.ApiClient, sim: Any, ns: str, name: str, replicas: int) -> dict[str, Any]:
+    """Let the harness run the pods, then ask for a restart and wait for the verified warm rollout."""
+    sim.wait_ready(ns, name, replicas, timeout=120)
+    wait_for(lambda: _condition(_server(api, ns, name), "Ready").get("status") == "True", "Ready=True")
+    say(f"{replicas} pods Ready (engine stand-ins on {', '.join(sim.pod_ip(ns, p) for p in sim.ready_pods(ns, name))})")
+    say("requesting a cache-aware rolling restart: spec.restart=demo-1")
+    client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        GROUP, VERSION, ns, PLURAL, name, {"spec": {"restart": "demo-1"}})
+
+    def finished() -> dict[str, Any] | None:
+        obj = _server(api, ns, name)
+        rs = (obj.get("status") or {}).get("restart") or {}
+        return obj if rs.get("id", "").endswith("/demo-1") and rs.get("phase") in ("Complete", "Paused") else None
+
+    return wait_for(finished, "the rolling restart to finish", timeout=600)
+
+
+def report_restart(obj: dict[str, Any], sim: Any, ns: str) -> None:
+    """What proves the restart was warm: per-pod storage hits, preStop flushes, one restart per pod."""
+    rs = obj["status"]["restart"]
+    say(f"rollout {rs['phase']}: started {rs['started']}, finished {rs.get('finished', '-')}")
+    for r in rs.get("results", []):
+        rec = sim.record(ns, r["pod"])
+        flushed = any("flush: 200" in out for out in rec.prestop_output)
+        print(f"  {r['pod']}: warm={r['warm']} storageTokens={r['storageTokens']} "
+              f"timeToReady={r['timeToReadySeconds']}s preStopFlushed={flushed} incarnations={rec.incarnations}")
+    warm = _condition(obj, "CacheWarm")
+    print(f"  CacheWarm={warm.get('status')} ({warm.get('reason')}): {warm.get('message')}")
+
+
 def run_demo(example: Path, keep_seconds: float = 0) -> int:
-    """Start everything, apply the example, print what happened, stop everything."""
+    """Start everything, apply the example, show a warm rolling restart, print what happened, stop everything."""
+    import tempfile
+
     from .devcluster import DevCluster
     from .inprocess import operator_thread
+    from .sim.cluster import SimCluster
 
     doc = yaml.safe_load(example.read_text())
     ns, name = doc["metadata"].get("namespace", "default"), doc["metadata"]["name"]
     say("starting a local Kubernetes API server (the first run builds it: a few minutes)")
-    with DevCluster(log=say) as cluster:
+    with DevCluster(log=say) as cluster, tempfile.TemporaryDirectory(prefix="qwen-hicache-demo-") as work:
         os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
         api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
         say(f"API server at {cluster.server}; installing the CRD")
@@ -127,8 +179,18 @@ def run_demo(example: Path, keep_seconds: float = 0) -> int:
             print(kubectl_get(cluster.kubeconfig, ns))
             say("status:")
             print(yaml.safe_dump(obj["status"], sort_keys=False, width=120))
-            if keep_seconds:
-                say(f"keeping the cluster up for {keep_seconds:.0f}s (KUBECONFIG={cluster.kubeconfig})")
-                time.sleep(keep_seconds)
-    say("done: the API server, etcd and the operator have stopped")
+            say("starting the GPU-free harness (simulated kubelet + StatefulSet controller + engine stand-ins "
+                "with the real SGLang HiCacheFile disk tier); volumes under " + work)
+            with SimCluster(api, Path(work) / "volumes", ns, log=lambda m: None) as sim:
+                obj = warm_rolling_restart(api, sim, ns, name, doc["spec"].get("replicas", 1))
+                report_restart(obj, sim, ns)
+                say("kubectl get qhc -o wide:")
+                print(kubectl_get(cluster.kubeconfig, ns))
+                say("status.restart and status.cache:")
+                print(yaml.safe_dump({k: obj["status"][k] for k in ("restart", "cache")}, sort_keys=False,
+                                     width=120))
+                if keep_seconds:
+                    say(f"keeping the cluster up for {keep_seconds:.0f}s (KUBECONFIG={cluster.kubeconfig})")
+                    time.sleep(keep_seconds)
+    say("done: the API server, etcd, the harness and the operator have stopped")
     return 0

@@ -130,7 +130,8 @@ def _run_rollout(kube: Kube, body: Obj, p: Plan, pods: list[Obj], now: str) -> O
             rs = rollout.deleted(rs, act.pod, now)
         elif act.kind == "verify":
             res = engine.generate(act.ip, port, prompt)
-            rs = rollout.verified(rs, act.pod, res.storage_tokens, res.error, _policy(p), now)
+            metrics = engine.cache_metrics(act.ip, port) if res.storage_tokens is not None else {}
+            rs = rollout.verified(rs, act.pod, res.storage_tokens, res.error, _policy(p), now, metrics)
     return rs
 
 

@@ -203,8 +203,12 @@ def deleted(rs: Obj, pod: str, now: str) -> Obj:
     return rs
 
 
-def verified(rs: Obj, pod: str, storage_tokens: int | None, error: str | None, policy: Policy, now: str) -> Obj:
-    """Record the warm-start check; finish the pod, keep retrying (no answer yet), or pause (cold)."""
+def verified(rs: Obj, pod: str, storage_tokens: int | None, error: str | None, policy: Policy, now: str,
+             metrics: dict[str, float] | None = None) -> Obj:
+    """Record the warm-start check; finish the pod, keep retrying (no answer yet), or pause (cold).
+
+    `metrics`: the pod's own counters after the replay (`sglang:cached_tokens_total{storage}`,
+    `sglang:prefetched_tokens_total`), recorded beside the per-request evidence."""
     rs = copy.deepcopy(rs)
     entry = _entry(rs, pod)
     if storage_tokens is None:
@@ -216,6 +220,7 @@ def verified(rs: Obj, pod: str, storage_tokens: int | None, error: str | None, p
         "pod": pod, "warm": warm, "storageTokens": storage_tokens,
         "timeToReadySeconds": int(_seconds(entry["deletedAt"], entry["readyAt"])),
         **({} if expect_warm else {"newCacheNamespace": True}),
+        **{key: int(value) for key, value in _evidence(metrics or {}).items()},
     })
     if not warm and expect_warm and policy.require_warm:
         return _pause(rs, "ColdStart", f"pod {pod} came back without a disk-cache hit for the canary "
@@ -225,6 +230,13 @@ def verified(rs: Obj, pod: str, storage_tokens: int | None, error: str | None, p
     if not rs["inFlight"] and not rs["pending"]:
         rs.update(phase="Complete", finished=now)
     return rs
+
+
+def _evidence(metrics: dict[str, float]) -> dict[str, float]:
+    """The runtime's storage counters, renamed for status (absent counters are simply not reported)."""
+    names = {"sglang:cached_tokens_total{storage}": "metricStorageCachedTokens",
+             "sglang:prefetched_tokens_total": "metricPrefetchedTokens"}
+    return {names[k]: v for k, v in metrics.items() if k in names}
 
 
 def is_active(restart_status: Obj | None, target: str) -> bool:

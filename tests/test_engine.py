@@ -1,0 +1,53 @@
+"""The operator's HTTP client for the runtime, against a loopback server speaking the runtime's contract."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from qwen_hicache.engine import cache_metrics, generate
+
+METRICS = """# HELP sglang:cached_tokens_total x
+sglang:cached_tokens_total{model_name="m",cache_source="storage"} 4032.0
+sglang:cached_tokens_total{model_name="m",cache_source="device"} 64.0
+sglang:prefetched_tokens_total{model_name="m"} 4032.0
+"""
+
+
+class _Runtime(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server API
+        self._send(METRICS.encode())
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        assert body["sampling_params"]["max_new_tokens"] == 1
+        meta = {"prompt_tokens": len(body["text"]), "cached_tokens_details": {"device": 0, "host": 0, "storage": 4032}}
+        self._send(json.dumps({"text": "x", "meta_info": meta}).encode())
+
+    def _send(self, data: bytes) -> None:
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_generate_and_metrics_read_the_storage_evidence() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Runtime)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        res = generate("127.0.0.1", server.server_port, "hello " * 100)
+        assert (res.prompt_tokens, res.storage_tokens, res.error) == (600, 4032, None)
+        m = cache_metrics("127.0.0.1", server.server_port)
+        assert m["sglang:cached_tokens_total{storage}"] == 4032 and m["sglang:cached_tokens_total{device}"] == 64
+        assert m["sglang:prefetched_tokens_total"] == 4032
+    finally:
+        server.shutdown()
+
+
+def test_an_unreachable_pod_is_an_error_not_an_exception() -> None:
+    res = generate("127.0.0.1", 1, "x", timeout=2)
+    assert res.storage_tokens is None and res.error
+    assert cache_metrics("127.0.0.1", 1, timeout=2) == {}
