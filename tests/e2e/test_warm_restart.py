@@ -68,6 +68,7 @@ def test_rolling_restart_is_one_pod_at_a_time_and_warm(
     assert rs["phase"] == "Complete", rs
     assert [r["pod"] for r in rs["results"]] == [f"{NAME}-1", f"{NAME}-0"]
     assert all(r["warm"] and r["storageTokens"] > 0 for r in rs["results"]), rs["results"]
+    assert all(r["metricStorageCachedTokens"] >= r["storageTokens"] for r in rs["results"]), rs["results"]
     assert condition(obj, "CacheWarm")["status"] == "True"
     for pod in (f"{NAME}-0", f"{NAME}-1"):
         rec = sim.record(namespace, pod)
