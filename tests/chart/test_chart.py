@@ -128,7 +128,7 @@ def test_namespace_scoped_mode_grants_roles_only() -> None:
 def test_node_sizing_check_adds_only_node_reads() -> None:
     docs = render(EXAMPLES / "helm-values-namespaced.yaml", sets=("nodeSizingCheck.enabled=true",))
     (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
-    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]
+    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
     env = _one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "QWEN_HICACHE_NODE_SIZING_CHECK", "value": "true"} in env
 

@@ -66,13 +66,27 @@ Shared by the ClusterRole (cluster-wide mode) and every Role (namespace-scoped m
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
   verbs: ["get", "list", "watch", "patch"]
-# The client and headless Services: read to compare, server-side apply.
+# The client and headless Services: read to compare, server-side apply (not watched).
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["get", "patch"]
 # Events on the resource (condition transitions, Kopf's handler errors).
 - apiGroups: [""]
   resources: ["events"]
+  verbs: ["create"]
+# The serving pods: listed by label for readiness and restart progress; deleted one at a time (with a
+# uid precondition) for an ordered, cache-aware restart. Never created: the StatefulSet does that.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "delete"]
+# The per-pod cache volumes: listed by label, and annotated with the cache fingerprint (a merge patch).
+# Never deleted: they outlive the resource and the operator.
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["list", "patch"]
+# The runtime's admin API key Secret: create-only, never read back (no get/list/watch on secrets).
+- apiGroups: [""]
+  resources: ["secrets"]
   verbs: ["create"]
 {{- end -}}
 

@@ -1,0 +1,51 @@
+"""`helm install` into the local API server, the operator reconciling a server created from chart values,
+then `helm uninstall`: the operator and its RBAC go, the CRD and the cache volumes stay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from chart.chartlib import EXAMPLES
+from installlib import OPERATOR_NS, WORKLOAD_NS, admin_api, audited_cluster, install, make_claims, running_operator
+from kubehelpers import eventually
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from qwen_hicache.spec import GROUP, PLURAL, VERSION
+
+pytestmark = pytest.mark.integration
+
+
+def _gone(read: object, *args: str) -> bool:
+    try:
+        read(*args)  # type: ignore[operator]
+    except ApiException as err:
+        return err.status == 404
+    return False
+
+
+def test_helm_install_reconcile_uninstall_keeps_cache_volumes(tmp_path: Path) -> None:
+    with audited_cluster() as cluster:
+        api = admin_api(cluster)
+        inst = install(cluster, values=[str(EXAMPLES / "helm-values-server.yaml")],
+                       sets=[f"servers[0].namespace={WORKLOAD_NS}", "servers[0].spec.hicache.disk.enabled=true",
+                             "servers[0].spec.hicache.disk.size=200Gi"])  # a cache volume to keep
+        status = inst.helm("status", "qwen-hicache-operator", "-n", OPERATOR_NS)
+        assert "STATUS: deployed" in status and "watching all namespaces" in status  # NOTES.txt rendered
+        apps, core, custom = client.AppsV1Api(api), client.CoreV1Api(api), client.CustomObjectsApi(api)
+        name = "flash-next-1gpu"
+        with running_operator(inst, tmp_path / "operator.log") as op:
+            sts = eventually(lambda: apps.read_namespaced_stateful_set(name, WORKLOAD_NS))
+            assert sts.spec.template.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
+            claims = make_claims(api, WORKLOAD_NS, name)
+            assert "qwen_hicache_reconcile_duration_seconds" in op.get(op.metrics)[1]
+            inst.helm("uninstall", "qwen-hicache-operator", "-n", OPERATOR_NS, "--wait", "--timeout", "60s")
+        deployment = inst.service_account  # the Deployment, ServiceAccount and ClusterRole share the fullname
+        assert _gone(apps.read_namespaced_deployment, deployment, OPERATOR_NS)
+        assert _gone(core.read_namespaced_service_account, deployment, OPERATOR_NS)
+        assert _gone(client.RbacAuthorizationV1Api(api).read_cluster_role, deployment)
+        assert _gone(custom.get_namespaced_custom_object, GROUP, VERSION, WORKLOAD_NS, PLURAL, name)
+        eventually(lambda: _gone(apps.read_namespaced_stateful_set, name, WORKLOAD_NS))  # owner-reference GC
+        kept = {c.metadata.name for c in core.list_namespaced_persistent_volume_claim(WORKLOAD_NS).items}
+        assert kept == set(claims), "helm uninstall must never delete cache volumes"
+        client.ApiextensionsV1Api(api).read_custom_resource_definition(f"{PLURAL}.{GROUP}")  # helm keeps crds/
