@@ -7,7 +7,7 @@ from qwen_hicache.fingerprint import FINGERPRINT_VERSION, fingerprint, fingerpri
 from qwen_hicache.plan import parse_spec
 from resources import example, variant
 
-GOLDEN_EXAMPLE = "v1-c4caa28376b5e001"
+GOLDEN_EXAMPLE = "v1-83b899a9008a1b8d"
 
 
 def _fp(**changes: object) -> str:
@@ -58,3 +58,12 @@ def test_inputs_are_documented_in_status_form() -> None:
     assert {"runtimeImage", "modelRevision", "kvCacheDtype", "pageSize", "memLayout", "speculativeAlgorithm",
             "tensorParallelSize", "mambaSsmDtype"} <= set(inputs)
     assert "gpuWeightBytes" not in inputs["geometry"]
+
+
+def test_runtime_series_matches_the_patch_manifest() -> None:
+    import json
+
+    from qwen_hicache.fingerprint import RUNTIME_SERIES
+    from resources import ROOT
+
+    assert json.loads((ROOT / "runtime_patches" / "manifest.json").read_text())["series_version"] == RUNTIME_SERIES
