@@ -81,33 +81,28 @@ def headless_service_name(name: str) -> str:
     return f"{name}-headless"
 
 
-def get_headless_service(meta: Obj, spec: QwenHiCacheServerSpec) -> Obj:
-    """Stable per-pod DNS names for the StatefulSet (`<pod>.<name>-headless`)."""
+def _service(meta: Obj, spec: QwenHiCacheServerSpec, name: str, kind_spec: Obj) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(meta, headless_service_name(meta["name"])),
+        "metadata": _metadata(meta, name),
         "spec": {
-            "clusterIP": "None",
-            "publishNotReadyAddresses": True,
+            **kind_spec,
             "selector": selector(meta["name"]),
             "ports": [{"name": HTTP_PORT_NAME, "port": spec.runtime.port, "targetPort": HTTP_PORT_NAME}],
         },
     }
+
+
+def get_headless_service(meta: Obj, spec: QwenHiCacheServerSpec) -> Obj:
+    """Stable per-pod DNS names for the StatefulSet (`<pod>.<name>-headless`), ready or not."""
+    return _service(meta, spec, headless_service_name(meta["name"]),
+                    {"clusterIP": "None", "publishNotReadyAddresses": True})
 
 
 def get_client_service(meta: Obj, spec: QwenHiCacheServerSpec) -> Obj:
     """The address clients use: ready pods only, on the runtime's HTTP port."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _metadata(meta, meta["name"]),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": selector(meta["name"]),
-            "ports": [{"name": HTTP_PORT_NAME, "port": spec.runtime.port, "targetPort": HTTP_PORT_NAME}],
-        },
-    }
+    return _service(meta, spec, meta["name"], {"type": "ClusterIP"})
 
 
 def _probes(spec: QwenHiCacheServerSpec) -> Obj:

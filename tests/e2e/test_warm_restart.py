@@ -44,6 +44,19 @@ def _restart_phase(custom: client.CustomObjectsApi, ns: str, *phases: str) -> di
     return obj if rs.get("phase") in phases and rs.get("id", "").endswith(obj["spec"].get("restart") or "") else None
 
 
+def _up(custom: client.CustomObjectsApi, sim: Any, ns: str, replicas: int = 2) -> dict:
+    """Create the resource and wait until the harness runs its pods and the operator reports Ready."""
+    _create(custom, ns, _doc(**{"spec.replicas": replicas}))
+    sim.wait_ready(ns, NAME, replicas, timeout=60)
+    return eventually(lambda: _ready(custom, ns), timeout=60)
+
+
+def _restart(custom: client.CustomObjectsApi, ns: str, spec: dict, *phases: str) -> dict:
+    """Change the spec and wait for the rollout it triggers to reach one of `phases`."""
+    _patch(custom, ns, spec)
+    return eventually(lambda: _restart_phase(custom, ns, *phases), timeout=ROLLOUT_TIMEOUT)
+
+
 def _serve_some_traffic(sim: Any, ns: str) -> None:
     """Real prefixes on disk besides the canary, as a busy server would have."""
     import json
@@ -58,12 +71,9 @@ def _serve_some_traffic(sim: Any, ns: str) -> None:
 def test_rolling_restart_is_one_pod_at_a_time_and_warm(
     operator: None, sim: Any, custom: client.CustomObjectsApi, namespace: str
 ) -> None:
-    _create(custom, namespace, _doc())
-    sim.wait_ready(namespace, NAME, 2, timeout=60)
-    eventually(lambda: _ready(custom, namespace), timeout=60)
+    _up(custom, sim, namespace)
     _serve_some_traffic(sim, namespace)
-    _patch(custom, namespace, {"restart": "r1"})
-    obj = eventually(lambda: _restart_phase(custom, namespace, "Complete", "Paused"), timeout=ROLLOUT_TIMEOUT)
+    obj = _restart(custom, namespace, {"restart": "r1"}, "Complete", "Paused")
     rs = obj["status"]["restart"]
     assert rs["phase"] == "Complete", rs
     assert [r["pod"] for r in rs["results"]] == [f"{NAME}-1", f"{NAME}-0"]
@@ -83,9 +93,7 @@ def test_operator_killed_mid_rollout_resumes_without_restarting_a_pod_twice(
     operator_process: Any, sim: Any, custom: client.CustomObjectsApi, namespace: str
 ) -> None:
     operator_process.start()
-    _create(custom, namespace, _doc(**{"spec.replicas": 3}))
-    sim.wait_ready(namespace, NAME, 3, timeout=60)
-    eventually(lambda: _ready(custom, namespace), timeout=60)
+    _up(custom, sim, namespace, 3)
     _patch(custom, namespace, {"restart": "r1"})
 
     def one_done() -> bool:
@@ -98,6 +106,7 @@ def test_operator_killed_mid_rollout_resumes_without_restarting_a_pod_twice(
     operator_process.start()
     obj = eventually(lambda: _restart_phase(custom, namespace, "Complete", "Paused"), timeout=ROLLOUT_TIMEOUT)
     assert obj["status"]["restart"]["phase"] == "Complete", obj["status"]["restart"]
+    assert len(obj["status"]["restart"]["results"]) == 3
     for i in range(3):
         assert sim.record(namespace, f"{NAME}-{i}").incarnations == 2
 
@@ -105,16 +114,12 @@ def test_operator_killed_mid_rollout_resumes_without_restarting_a_pod_twice(
 def test_kv_dtype_change_moves_to_a_new_namespace_and_never_reads_old_pages(
     operator: None, sim: Any, custom: client.CustomObjectsApi, namespace: str
 ) -> None:
-    _create(custom, namespace, _doc(**{"spec.replicas": 1}))
-    sim.wait_ready(namespace, NAME, 1, timeout=60)
-    before = eventually(lambda: _ready(custom, namespace), timeout=60)["status"]["cache"]["fingerprint"]
-    _patch(custom, namespace, {"restart": "warm"})  # puts the canary on disk under the old fingerprint
-    eventually(lambda: _restart_phase(custom, namespace, "Complete"), timeout=ROLLOUT_TIMEOUT)
+    before = _up(custom, sim, namespace, 1)["status"]["cache"]["fingerprint"]
+    _restart(custom, namespace, {"restart": "warm"}, "Complete")  # puts the canary on disk under the old fingerprint
     volume = sim.pvc_dir(namespace, f"hicache-{NAME}-0")
     old_pages = sorted(p.name for p in (volume / before).iterdir() if p.suffix == ".bin")
     assert old_pages
-    _patch(custom, namespace, {"runtime": {"kvCacheDtype": "bf16"}, "restart": "dtype"})
-    obj = eventually(lambda: _restart_phase(custom, namespace, "Complete", "Paused"), timeout=ROLLOUT_TIMEOUT)
+    obj = _restart(custom, namespace, {"runtime": {"kvCacheDtype": "bf16"}, "restart": "dtype"}, "Complete", "Paused")
     after = obj["status"]["cache"]["fingerprint"]
     assert after != before and obj["status"]["cache"]["previousFingerprints"] == [before]
     result = obj["status"]["restart"]["results"][-1]
@@ -127,11 +132,8 @@ def test_kv_dtype_change_moves_to_a_new_namespace_and_never_reads_old_pages(
 def test_cold_replacement_pauses_the_rollout_and_restarts_nothing_else(
     operator: None, sim: Any, custom: client.CustomObjectsApi, namespace: str
 ) -> None:
-    _create(custom, namespace, _doc())
-    sim.wait_ready(namespace, NAME, 2, timeout=60)
-    eventually(lambda: _ready(custom, namespace), timeout=60)
-    _patch(custom, namespace, {"runtime": {"env": [{"name": "QWEN_HICACHE_SIM_COLD", "value": "1"}]}})
-    obj = eventually(lambda: _restart_phase(custom, namespace, "Paused"), timeout=ROLLOUT_TIMEOUT)
+    _up(custom, sim, namespace)
+    obj = _restart(custom, namespace, {"runtime": {"env": [{"name": "QWEN_HICACHE_SIM_COLD", "value": "1"}]}}, "Paused")
     rs = obj["status"]["restart"]
     assert rs["reason"] == "ColdStart" and f"{NAME}-1" in rs["message"]
     assert condition(obj, "Degraded")["reason"] == "ColdStart"
@@ -143,11 +145,8 @@ def test_cold_replacement_pauses_the_rollout_and_restarts_nothing_else(
 def test_recreated_resource_reuses_retained_volumes_and_warms(
     operator: None, sim: Any, kube_api: client.ApiClient, custom: client.CustomObjectsApi, namespace: str
 ) -> None:
-    _create(custom, namespace, _doc(**{"spec.replicas": 1}))
-    sim.wait_ready(namespace, NAME, 1, timeout=60)
-    eventually(lambda: _ready(custom, namespace), timeout=60)
-    _patch(custom, namespace, {"restart": "fill"})  # canary on disk, flushed by the preStop hook
-    eventually(lambda: _restart_phase(custom, namespace, "Complete"), timeout=ROLLOUT_TIMEOUT)
+    _up(custom, sim, namespace, 1)
+    _restart(custom, namespace, {"restart": "fill"}, "Complete")  # canary on disk, flushed by the preStop hook
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, NAME)
     apps = client.AppsV1Api(kube_api)
     eventually(lambda: not apps.list_namespaced_stateful_set(namespace).items, timeout=30)
@@ -156,9 +155,6 @@ def test_recreated_resource_reuses_retained_volumes_and_warms(
     claims = client.CoreV1Api(kube_api).list_namespaced_persistent_volume_claim(namespace).items
     assert [c.metadata.name for c in claims] == [f"hicache-{NAME}-0"]
     assert claims[0].metadata.annotations["qwenhicache.io/fingerprint"].startswith("v1-")
-    _create(custom, namespace, _doc(**{"spec.replicas": 1}))
-    sim.wait_ready(namespace, NAME, 1, timeout=60)
-    eventually(lambda: _ready(custom, namespace), timeout=60)
-    _patch(custom, namespace, {"restart": "after-recreate"})
-    obj = eventually(lambda: _restart_phase(custom, namespace, "Complete", "Paused"), timeout=ROLLOUT_TIMEOUT)
+    _up(custom, sim, namespace, 1)
+    obj = _restart(custom, namespace, {"restart": "after-recreate"}, "Complete", "Paused")
     assert obj["status"]["restart"]["results"][-1]["warm"], obj["status"]["restart"]

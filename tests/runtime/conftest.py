@@ -7,7 +7,6 @@ against the sha256 pinned in runtime_patches/manifest.json before use.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -17,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from qwen_hicache.sim.sglang_tree import fetch_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 PATCHES = REPO / "runtime_patches"
@@ -24,34 +24,9 @@ PROBE = Path(__file__).resolve().parent / "runtime_probe.py"
 MANIFEST = json.loads((PATCHES / "manifest.json").read_text())
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _fetch_wheel() -> Path:
-    parent = MANIFEST["parent"]
-    cache = Path(os.environ.get("QWEN_HICACHE_WHEEL_CACHE", Path.home() / ".cache/qwen-hicache/wheels"))
-    wheel = cache / parent["wheel"]
-    if not wheel.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-             "--python-version", "3.12", "--implementation", "cp",
-             "--platform", "manylinux_2_34_x86_64", f"sglang=={parent['version']}", "-d", str(cache)],
-            check=True, capture_output=True,
-        )  # fmt: skip
-    if _sha256(wheel) != parent["wheel_sha256"]:
-        raise AssertionError(f"{wheel} does not match the pinned sha256")
-    return wheel
-
-
 @pytest.fixture(scope="session")
 def wheel() -> Path:
-    return _fetch_wheel()
+    return fetch_wheel()
 
 
 @pytest.fixture(scope="session")
