@@ -61,15 +61,14 @@ def apply_resource(api: client.ApiClient, doc: dict[str, Any]) -> dict[str, Any]
 
 def wait_for_status(api: client.ApiClient, ns: str, name: str, timeout: float = 60) -> dict[str, Any]:
     """Wait until the operator has observed the current generation."""
-    custom = client.CustomObjectsApi(api)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        obj = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+
+    def observed() -> dict[str, Any] | None:
+        obj = _server(api, ns, name)
         status = obj.get("status") or {}
-        if status.get("observedGeneration") == obj["metadata"]["generation"] and status.get("conditions"):
-            return obj
-        time.sleep(0.3)
-    raise RuntimeError(f"the operator did not report status for {ns}/{name} within {timeout:.0f}s")
+        ok = status.get("observedGeneration") == obj["metadata"]["generation"] and status.get("conditions")
+        return obj if ok else None
+
+    return wait_for(observed, f"the operator's status for {ns}/{name}", timeout)
 
 
 def describe_children(api: client.ApiClient, ns: str, name: str) -> str:
