@@ -404,3 +404,19 @@ def test_spec_copy_is_not_mutated():
     before = copy.deepcopy(raw)
     sized(raw)
     assert raw == before
+
+
+def test_explicit_host_mamba_slots_take_the_whole_size_for_kv() -> None:
+    """Series patch 0002: N slots + 1 pad; `--hicache-size` split among the KV-side pools alone."""
+    from qwen_hicache.launch import launch_args
+
+    raw = example()
+    raw["hicache"]["hostMambaSlotsPerRank"] = 64
+    explicit = QwenHiCacheServerSpec.model_validate(raw)
+    a, b = sized(example()), compute_sizing(explicit)
+    assert b.host.mamba_slots == 65
+    assert b.host.kv_tokens > a.host.kv_tokens
+    kv_plus_index = b.host.kv_bytes + b.host.index_bytes
+    assert 29.9e9 < kv_plus_index <= 30e9 + 64 * b.shapes.kv_bytes_per_token + b.shapes.index_bytes_per_page
+    args = launch_args(explicit, b.launch_sizing())
+    assert args[args.index("--hicache-mamba-host-slots") + 1] == "64"

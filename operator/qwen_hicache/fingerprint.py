@@ -31,7 +31,7 @@ SIZING_ONLY_GEOMETRY = frozenset({
 })
 """Geometry fields that size memory but never change the bytes of a stored page."""
 BYTE_AFFECTING_EXTRA_FLAGS = frozenset({
-    "--json-model-override-args", "--hicache-mamba-host-slots", "--qsa-indexer-dtype",
+    "--json-model-override-args", "--qsa-indexer-dtype",
     "--speculative-draft-kv-cache-dtype", "--mamba-ssm-dtype", "--kv-cache-quant-algo",
 })
 

@@ -94,6 +94,8 @@ def _hicache_flags(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> list[st
         args += ["--hicache-size", str(sizing.host_size_gb)]
     else:
         args += ["--hicache-ratio", str(sizing.host_ratio)]
+    if hc.host_mamba_slots_per_rank:
+        args += ["--hicache-mamba-host-slots", str(hc.host_mamba_slots_per_rank)]
     args += [
         "--hicache-write-policy", hc.write_policy,
         "--hicache-io-backend", hc.io_backend,
@@ -121,7 +123,7 @@ def launch_args(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> list[str]:
 def managed_flags(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> set[str]:
     """Flags the operator sets itself (extra args may not repeat them)."""
     derived = [*_model_flags(spec, sizing), *_hicache_flags(spec, sizing), *OBSERVABILITY, *ADMIN]
-    always = {"--hicache-storage-backend", "--hicache-ratio", "--hicache-size"}
+    always = {"--hicache-storage-backend", "--hicache-ratio", "--hicache-size", "--hicache-mamba-host-slots"}
     return {f for f in (flag_name(a) for a in derived) if f} | always
 
 

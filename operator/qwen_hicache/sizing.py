@@ -250,11 +250,14 @@ def _pages_plus_pad(tokens: int, page_size: int) -> int:
     return (tokens // page_size + 1) * page_size
 
 
-def _size_split(size_gb: int, dev: DevicePools, shapes: RankShapes, page_size: int) -> tuple[int, int]:
-    """(KV tokens, Mamba slots) from `--hicache-size`: split by device bytes, KV share scaled for index."""
-    total = dev.kv_bytes + dev.mamba_bytes
+def _size_split(size_gb: int, dev: DevicePools, shapes: RankShapes, page_size: int,
+                explicit_slots: bool = False) -> tuple[int, int]:
+    """(KV tokens, Mamba slots) from `--hicache-size`: split by device bytes, KV share scaled for index.
+    With `--hicache-mamba-host-slots` (series patch 0002) the whole size goes to the KV-side pools."""
+    mamba_bytes = 0 if explicit_slots else dev.mamba_bytes
+    total = dev.kv_bytes + mamba_bytes
     kv_share = size_gb * dev.kv_bytes / total
-    mamba_share = size_gb * dev.mamba_bytes / total
+    mamba_share = size_gb * mamba_bytes / total
     index_per_token = shapes.index_bytes_per_page / page_size
     if index_per_token:
         kv_share *= shapes.kv_bytes_per_token / (shapes.kv_bytes_per_token + index_per_token)
@@ -283,12 +286,15 @@ def host_pools(spec: QwenHiCacheServerSpec, dev: DevicePools, shapes: RankShapes
     page = spec.runtime.page_size
     size_gb = _host_size_gb(spec)
     ratio = None
+    explicit = spec.hicache.host_mamba_slots_per_rank
     if size_gb is not None:
-        tokens, slots = _size_split(size_gb, dev, shapes, page)
+        tokens, slots = _size_split(size_gb, dev, shapes, page, explicit_slots=bool(explicit))
     else:
         ratio = spec.hicache.host_ratio or DEFAULT_HICACHE_RATIO
         tokens = _pages_plus_pad(int(dev.kv_tokens * ratio), page)
         slots = int(dev.mamba_slots * ratio) + 1 if dev.mamba_bytes else 0
+    if explicit and dev.mamba_bytes:
+        slots = explicit + 1  # the patched pool allocates exactly N slots plus its pad slot
     return HostPools(
         hicache_size_gb=size_gb,
         hicache_ratio=ratio,

@@ -261,6 +261,9 @@ class HiCacheSpec(ApiModel):
     """`--hicache-mem-layout`; hybrid models need `page_first` or `page_first_direct`."""
     io_backend: IoBackend = "kernel"
     """`--hicache-io-backend`: `kernel` with page_first, `direct` with page_first_direct."""
+    host_mamba_slots_per_rank: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    """`--hicache-mamba-host-slots` (runtime series patch 0002): host Mamba states per rank, sized on their own so
+    restorable coverage is explicit; `hostMemoryPerRankGB` then covers the KV-side pools alone."""
     device_kv_tokens: Annotated[int | None, Field(ge=1, alias="deviceKVTokens")] = None
     """Device KV pool per rank in tokens, as the runtime logs it at startup; makes host sizing exact."""
     disk: DiskTierSpec = DiskTierSpec()
