@@ -83,16 +83,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from . import handlers  # noqa: F401 - registers the handlers
 
-    @kopf.on.startup()
-    def static_resources(settings: kopf.OperatorSettings, **_: Any) -> None:
-        """Serve only the resources found at startup: no runtime scanning of CRDs and namespaces.
-
-        Scanning needs cluster-wide list/watch on CRDs (and namespaces), which namespace-scoped mode must
-        not have and which the operator does not need: it serves one CRD, installed before it (helm's
-        crds/, or first in the kubectl bundle) and listed in explicit namespaces (no patterns).
-        """
-        settings.scanning.disabled = True
-
     kopf.configure(verbose=args.verbose)
     if args.metrics_port:
         from .metrics import start_metrics_server

@@ -9,7 +9,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from . import reconciler, rollout
+from . import metrics, reconciler, rollout
 from .kube import Kube, load_api_client
 from .plan import parse_spec
 from .render import MANAGER
@@ -48,14 +48,18 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.execution.max_workers = int(os.environ.get("QWEN_HICACHE_WORKERS", "8"))
+    # Serve only the resources found at startup: scanning needs cluster-wide list/watch on CRDs and namespaces,
+    # which the namespace-scoped install must not have and the operator does not need (one CRD, installed first).
+    settings.scanning.disabled = True
 
 
 def _run(body: Any, logger: logging.Logger) -> None:
-    outcome = reconciler.reconcile(kube(), dict(body), post_event)
-    if outcome.applied or outcome.status_written:
-        logger.info("reconciled: applied=%s status_written=%s", outcome.applied, outcome.status_written)
-    if outcome.error:
-        raise kopf.TemporaryError(outcome.error, delay=30)
+    with metrics.track_reconcile(body["metadata"]["namespace"]):
+        outcome = reconciler.reconcile(kube(), dict(body), post_event)
+        if outcome.applied or outcome.status_written:
+            logger.info("reconciled: applied=%s status_written=%s", outcome.applied, outcome.status_written)
+        if outcome.error:
+            raise kopf.TemporaryError(outcome.error, delay=30)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)

@@ -19,6 +19,8 @@ from .spec import API_VERSION, KIND
 
 Obj = dict[str, Any]
 NODE_CACHE_SECONDS = float(os.environ.get("QWEN_HICACHE_NODE_CACHE_SECONDS", "30"))
+NODE_SIZING_CHECK = os.environ.get("QWEN_HICACHE_NODE_SIZING_CHECK", "true").lower() != "false"
+"""The chart turns this off unless it grants `list nodes`; then the operator does not even ask."""
 
 
 def load_api_client() -> client.ApiClient:
@@ -72,6 +74,8 @@ class Kube:
     def list_nodes(self, selector: dict[str, str]) -> list[Obj]:
         """Nodes matching labels, cached for NODE_CACHE_SECONDS (nodes change rarely; every resync asks);
         empty when the operator may not read nodes (the chart makes that permission optional)."""
+        if not NODE_SIZING_CHECK:
+            return []
         sel = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
         hit = self._nodes.get(sel)
         if hit and time.monotonic() - hit[0] < NODE_CACHE_SECONDS:

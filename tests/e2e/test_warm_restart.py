@@ -15,7 +15,7 @@ from resources import variant
 
 pytestmark = pytest.mark.integration
 NAME = "flash-next"
-ROLLOUT_TIMEOUT = 150
+ROLLOUT_TIMEOUT = 300
 
 
 def _doc(**changes: Any) -> dict:
@@ -47,8 +47,8 @@ def _restart_phase(custom: client.CustomObjectsApi, ns: str, *phases: str) -> di
 def _up(custom: client.CustomObjectsApi, sim: Any, ns: str, replicas: int = 2) -> dict:
     """Create the resource and wait until the harness runs its pods and the operator reports Ready."""
     _create(custom, ns, _doc(**{"spec.replicas": replicas}))
-    sim.wait_ready(ns, NAME, replicas, timeout=60)
-    return eventually(lambda: _ready(custom, ns), timeout=60)
+    sim.wait_ready(ns, NAME, replicas, timeout=180)  # generous: CI shares 2 cores with everything else
+    return eventually(lambda: _ready(custom, ns), timeout=120)
 
 
 def _restart(custom: client.CustomObjectsApi, ns: str, spec: dict, *phases: str) -> dict:
@@ -151,7 +151,7 @@ def test_recreated_resource_reuses_retained_volumes_and_warms(
     apps = client.AppsV1Api(kube_api)
     eventually(lambda: not apps.list_namespaced_stateful_set(namespace).items, timeout=30)
     eventually(lambda: not client.CoreV1Api(kube_api).list_namespaced_pod(namespace).items
-               and not sim.ready_pods(namespace, NAME), timeout=60)
+               and not sim.ready_pods(namespace, NAME), timeout=120)
     claims = client.CoreV1Api(kube_api).list_namespaced_persistent_volume_claim(namespace).items
     assert [c.metadata.name for c in claims] == [f"hicache-{NAME}-0"]
     assert claims[0].metadata.annotations["qwenhicache.io/fingerprint"].startswith("v1-")

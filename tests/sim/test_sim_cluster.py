@@ -143,7 +143,13 @@ def test_failing_init_container_blocks_the_engine(sim: SimCluster, kube_api: cli
     client.AppsV1Api(kube_api).create_namespaced_stateful_set(namespace, statefulset(1))
     record = sim.wait_for(lambda: sim.history.get(f"{namespace}/demo-0"), 10, "pod record")
     sim.wait_for(lambda: record.init_failures, 10, "init failure")
-    pod = client.CoreV1Api(kube_api).read_namespaced_pod("demo-0", namespace)
+
+    def terminated() -> object:
+        pod = client.CoreV1Api(kube_api).read_namespaced_pod("demo-0", namespace)
+        statuses = pod.status.init_container_statuses or []
+        return statuses and statuses[0].state.terminated and pod  # the record is written before the status
+
+    pod = sim.wait_for(terminated, 10, "init container status")
     term = pod.status.init_container_statuses[0].state.terminated
     assert pod.status.phase == "Pending" and term.exit_code == 3 and "bad marker" in term.message
     assert record.starts == 0
