@@ -32,7 +32,8 @@ test: cluster lint
 	$(PY) -m pytest -q -ra
 
 bench: cluster
-	$(PY) bench/run.py
+	$(PY) bench/reconcile.py --compare 20
+	$(PY) bench/file_tier.py
 
 crds: setup
 	$(VENV)/bin/qwen-hicache crd > crds/qwenhicacheservers.qwenhicache.io.yaml
