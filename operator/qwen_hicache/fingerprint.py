@@ -83,7 +83,12 @@ def fingerprint_inputs(spec: QwenHiCacheServerSpec) -> dict[str, Any]:
     }
 
 
-def fingerprint(spec: QwenHiCacheServerSpec) -> str:
+def fingerprint_of(inputs: dict[str, Any]) -> str:
     """`v<version>-<16 hex>`: short enough for a directory name, stable across operator releases."""
-    canonical = json.dumps(fingerprint_inputs(spec), sort_keys=True, separators=(",", ":"))
+    canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"))
     return f"v{FINGERPRINT_VERSION}-{hashlib.sha256(canonical.encode()).hexdigest()[:16]}"
+
+
+def fingerprint(spec: QwenHiCacheServerSpec) -> str:
+    """The fingerprint of a spec (see `fingerprint_inputs`)."""
+    return fingerprint_of(fingerprint_inputs(spec))

@@ -11,7 +11,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from . import launch, policies, render, rollout
-from .fingerprint import fingerprint, fingerprint_inputs
 from .geometry import GeometryError
 from .sizing import SizingError, check_fit, compute_sizing
 from .spec import QwenHiCacheServerSpec
@@ -85,22 +84,20 @@ def plan(meta: Obj, raw_spec: Obj, node_allocatable_bytes: int | None = None) ->
     fit = check_fit(sized, node_allocatable_bytes)
     problems = [_sizing_problem(m) for m in [*sized.problems, *fit]] + policies.evaluate(spec, sizing)
     problems.sort(key=lambda p: not p.blocking)
-    objects = [] if any(p.blocking for p in problems) else render.render_all(meta, spec, sizing)
-    return Plan(spec, objects, problems, launch_status(spec, sizing), sized.as_status(), cache_status(spec, sizing),
+    layout = render.cache_layout(spec, sizing)
+    objects = [] if any(p.blocking for p in problems) else render.render_all(meta, spec, sizing, layout)
+    cache = cache_status(layout) if spec.hicache.disk.enabled else {}
+    return Plan(spec, objects, problems, launch_status(spec, sizing), sized.as_status(), cache,
                 rollout.target_of(spec))
 
 
-def cache_status(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Obj:
+def cache_status(layout: render.CacheLayout) -> Obj:
     """The disk cache's identity and stop budget, as reported in `status.cache`."""
-    if not spec.hicache.disk.enabled:
-        return {}
-    fp = fingerprint(spec)
-    drain = render.drain_for(spec, sizing)
     return {
-        "fingerprint": fp,
-        "directory": launch.cache_dir(fp),
-        "inputs": fingerprint_inputs(spec),
-        "drainSeconds": drain.drain_seconds,
-        "flushSeconds": drain.flush_seconds,
-        "terminationGracePeriodSeconds": drain.grace_seconds,
+        "fingerprint": layout.fingerprint,
+        "directory": launch.cache_dir(layout.fingerprint),
+        "inputs": layout.inputs,
+        "drainSeconds": layout.drain.drain_seconds,
+        "flushSeconds": layout.drain.flush_seconds,
+        "terminationGracePeriodSeconds": layout.drain.grace_seconds,
     }

@@ -7,11 +7,12 @@ no-op, and `RENDER_VERSION` marks the pod template so an operator upgrade never 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from . import launch, podlifecycle
 from .drift import with_hash
-from .fingerprint import fingerprint
+from .fingerprint import fingerprint_inputs, fingerprint_of
 from .rollout import CONFIG_HASH_ANNOTATION, FINGERPRINT_ANNOTATION, RESTART_ANNOTATION, config_hash
 from .sizing import parse_quantity
 from .spec import API_VERSION, KIND, QwenHiCacheServerSpec
@@ -146,12 +147,23 @@ def _volumes(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> list[O
     ]
 
 
-def drain_for(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> podlifecycle.DrainPlan:
+@dataclass(frozen=True)
+class CacheLayout:
+    """How a pod uses its cache volume: derived once per plan, used by the pod template and by status."""
+
+    fingerprint: str
+    inputs: Obj
+    drain: podlifecycle.DrainPlan
+
+
+def cache_layout(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> CacheLayout:
+    """The cache namespace (fingerprint and its inputs) and the stop budget for one spec."""
     rate = parse_quantity(spec.hicache.disk.write_bytes_per_second, "hicache.disk.writeBytesPerSecond")
-    return podlifecycle.drain_plan(spec, sizing.host_bytes_per_rank, rate)
+    inputs = fingerprint_inputs(spec)
+    return CacheLayout(fingerprint_of(inputs), inputs, podlifecycle.drain_plan(spec, sizing.host_bytes_per_rank, rate))
 
 
-def get_cache_guard(meta: Obj, spec: QwenHiCacheServerSpec) -> Obj:
+def get_cache_guard(spec: QwenHiCacheServerSpec, layout: CacheLayout) -> Obj:
     """Init container that owns the cache directory layout (see podlifecycle)."""
     return {
         "name": "cache-guard",
@@ -160,7 +172,7 @@ def get_cache_guard(meta: Obj, spec: QwenHiCacheServerSpec) -> Obj:
         "command": ["sh", "-c", podlifecycle.GUARD_SCRIPT],
         "env": [
             {"name": "QWEN_HICACHE_CACHE_ROOT", "value": launch.CACHE_MOUNT},
-            {"name": "QWEN_HICACHE_FINGERPRINT", "value": fingerprint(spec)},
+            {"name": "QWEN_HICACHE_FINGERPRINT", "value": layout.fingerprint},
             {"name": "QWEN_HICACHE_KEEP_OLD", "value": str(spec.hicache.disk.keep_old_namespaces)},
         ],
         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
@@ -168,9 +180,9 @@ def get_cache_guard(meta: Obj, spec: QwenHiCacheServerSpec) -> Obj:
     }
 
 
-def get_container(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Obj:
+def get_container(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing, layout: CacheLayout) -> Obj:
     """The runtime container, started with the derived SGLang flags."""
-    env = launch.launch_env(spec, sizing, fingerprint(spec), admin_secret_name(meta["name"]), drain_for(spec, sizing))
+    env = launch.launch_env(spec, sizing, layout.fingerprint, admin_secret_name(meta["name"]), layout.drain)
     container = {
         "name": "sglang",
         "image": spec.runtime.image,
@@ -187,17 +199,18 @@ def get_container(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchS
     return container
 
 
-def get_pod_template(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Obj:
+def get_pod_template(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing,
+                     layout: CacheLayout) -> Obj:
     """Pod template; versioned so a different rendering by a newer operator is visible, not silent."""
     pod_spec: Obj = {
-        "containers": [get_container(meta, spec, sizing)],
+        "containers": [get_container(meta, spec, sizing, layout)],
         "volumes": _volumes(spec, sizing),
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
-        "terminationGracePeriodSeconds": drain_for(spec, sizing).grace_seconds,
+        "terminationGracePeriodSeconds": layout.drain.grace_seconds,
     }
     if spec.hicache.disk.enabled:
-        pod_spec["initContainers"] = [get_cache_guard(meta, spec)]
+        pod_spec["initContainers"] = [get_cache_guard(spec, layout)]
     if spec.runtime.node_selector:
         pod_spec["nodeSelector"] = dict(spec.runtime.node_selector)
     if spec.runtime.tolerations:
@@ -209,7 +222,7 @@ def get_pod_template(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.Laun
                 RENDER_VERSION_ANNOTATION: RENDER_VERSION,
                 CONFIG_HASH_ANNOTATION: config_hash(spec),
                 RESTART_ANNOTATION: spec.restart or "",
-                **({FINGERPRINT_ANNOTATION: fingerprint(spec)} if spec.hicache.disk.enabled else {}),
+                **({FINGERPRINT_ANNOTATION: layout.fingerprint} if spec.hicache.disk.enabled else {}),
             },
         },
         "spec": pod_spec,
@@ -229,7 +242,8 @@ def _claim_templates(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.Laun
     return [{"metadata": {"name": CACHE_VOLUME, "labels": labels(meta["name"])}, "spec": claim_spec}]
 
 
-def get_statefulset(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Obj:
+def get_statefulset(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing,
+                    layout: CacheLayout) -> Obj:
     """One pod per replica with its own cache volume; `OnDelete` because the operator owns restarts."""
     retention = spec.hicache.disk.retention
     sts_spec: Obj = {
@@ -239,7 +253,7 @@ def get_statefulset(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.Launc
         "podManagementPolicy": "Parallel",
         "updateStrategy": {"type": "OnDelete"},
         "persistentVolumeClaimRetentionPolicy": {"whenDeleted": retention, "whenScaled": "Retain"},
-        "template": get_pod_template(meta, spec, sizing),
+        "template": get_pod_template(meta, spec, sizing, layout),
     }
     claims = _claim_templates(meta, spec, sizing)
     if claims:
@@ -248,11 +262,12 @@ def get_statefulset(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.Launc
             "spec": sts_spec}
 
 
-def render_all(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> list[Obj]:
+def render_all(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing,
+               layout: CacheLayout) -> list[Obj]:
     """Every object the operator applies for one resource, in apply order, each stamped with its hash."""
     objects = [
         get_headless_service(meta, spec),
         get_client_service(meta, spec),
-        get_statefulset(meta, spec, sizing),
+        get_statefulset(meta, spec, sizing, layout),
     ]
     return [with_hash(o) for o in objects]
