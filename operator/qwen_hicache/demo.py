@@ -19,6 +19,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from .crd import build_crd
+from .polling import wait_for
 from .render import MANAGER, labels
 from .spec import GROUP, PLURAL, VERSION
 
@@ -27,9 +28,9 @@ def say(msg: str) -> None:
     print(f"==> {msg}", flush=True)
 
 
-def install_crd(api: client.ApiClient, timeout: float = 30) -> None:
-    """Apply the generated CRD and wait until the server serves it."""
-    crd = build_crd()
+def install_crd(api: client.ApiClient, crd: dict[str, Any] | None = None, timeout: float = 30) -> None:
+    """Create or replace a CRD (by default the generated one) and wait until the server serves it."""
+    crd = crd or build_crd()
     ext = client.ApiextensionsV1Api(api)
     try:
         ext.create_custom_resource_definition(crd)
@@ -39,13 +40,12 @@ def install_crd(api: client.ApiClient, timeout: float = 30) -> None:
         current = ext.read_custom_resource_definition(crd["metadata"]["name"])
         crd["metadata"]["resourceVersion"] = current.metadata.resource_version
         ext.replace_custom_resource_definition(crd["metadata"]["name"], crd)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def established() -> bool:
         got = ext.read_custom_resource_definition(crd["metadata"]["name"])
-        if any(c.type == "Established" and c.status == "True" for c in (got.status.conditions or [])):
-            return
-        time.sleep(0.2)
-    raise RuntimeError("the CRD did not become Established in time")
+        return any(c.type == "Established" and c.status == "True" for c in (got.status.conditions or []))
+
+    wait_for(established, f"CRD {crd['metadata']['name']} to be Established", timeout)
 
 
 def apply_resource(api: client.ApiClient, doc: dict[str, Any]) -> dict[str, Any]:
@@ -103,16 +103,6 @@ def kubectl_get(kubeconfig: Path, ns: str) -> str:
     return out.stdout + out.stderr
 
 
-def wait_for(check: Any, what: str, timeout: float = 180) -> Any:
-    """Poll until `check()` is truthy; a clear error naming what did not happen."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := check():
-            return result
-        time.sleep(0.5)
-    raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
 def _server(api: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
     return client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
 
@@ -135,7 +125,7 @@ def warm_rolling_restart(api: client.ApiClient, sim: Any, ns: str, name: str, re
         rs = (obj.get("status") or {}).get("restart") or {}
         return obj if rs.get("id", "").endswith("/demo-1") and rs.get("phase") in ("Complete", "Paused") else None
 
-    return wait_for(finished, "the rolling restart to finish", timeout=600)
+    return wait_for(finished, "the rolling restart to finish", timeout=600, interval=0.5)
 
 
 def report_restart(obj: dict[str, Any], sim: Any, ns: str) -> None:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
+from qwen_hicache.demo import install_crd
 from qwen_hicache.devcluster import (
     BuildError,
     DevCluster,
@@ -97,18 +98,7 @@ def exists(read: Callable[[], object]) -> bool:
 
 @pytest.fixture(scope="module")
 def crd(kube_api: client.ApiClient) -> Iterator[None]:
-    ext = client.ApiextensionsV1Api(kube_api)
-    try:
-        ext.create_custom_resource_definition(CRD)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-
-    def established() -> bool:
-        conds = ext.read_custom_resource_definition(CRD["metadata"]["name"]).status.conditions or []
-        return any(c.type == "Established" and c.status == "True" for c in conds)
-
-    eventually(established)
+    install_crd(kube_api, CRD)
     yield
 
 

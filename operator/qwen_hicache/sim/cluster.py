@@ -39,6 +39,7 @@ from typing import Any
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ApiException, NotFoundError
 
+from ..polling import wait_for
 from .kubelet import PodProcesses, PodRecord, Spawner, http_port, secret_reader
 from .podstatus import pod_status
 from .sglang_tree import TREE_ENV, patched_sglang_tree
@@ -179,12 +180,10 @@ class SimCluster:
 
     def wait_for(self, check: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
         """Poll ``check`` until truthy; TimeoutError naming ``what`` and the harness's errors."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if result := check():
-                return result
-            time.sleep(0.05)
-        raise TimeoutError(f"timed out waiting for {what}; harness errors: {self.errors[-3:]}")
+        try:
+            return wait_for(check, what, timeout, interval=0.05)
+        except TimeoutError as err:
+            raise TimeoutError(f"{err}; harness errors: {self.errors[-3:]}") from None
 
     def ready_pods(self, namespace: str, sts: str) -> list[str]:
         return sorted(p.name for p in self.pods.values()
