@@ -20,13 +20,13 @@ $(STAMP): pyproject.toml $(RUNTIME_TEST_REQS)
 
 cluster: setup
 	@echo "==> building the local Kubernetes API server and fetching kubectl/helm (first time: a few minutes)"
-	$(PY) -m qwen_hicache.devcluster build
+	$(PY) -m harness.devcluster build
 
 demo: cluster
-	$(VENV)/bin/qwen-hicache demo
+	$(PY) -m harness.demo
 
 lint: setup
-	$(VENV)/bin/ruff check operator tests bench runtime_patches
+	$(VENV)/bin/ruff check operator harness tests bench runtime_patches
 
 test: cluster lint
 	$(PY) -m pytest -q -ra

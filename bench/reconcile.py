@@ -37,11 +37,12 @@ import yaml
 from kubernetes import client, config
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "operator"))
+sys.path[:0] = [str(REPO / "operator"), str(REPO)]
 
-from qwen_hicache.demo import install_crd  # noqa: E402 - after the path fix for a non-installed checkout
-from qwen_hicache.devcluster import DevCluster  # noqa: E402
 from qwen_hicache.spec import GROUP, PLURAL, VERSION  # noqa: E402
+
+from harness.demo import install_crd  # noqa: E402 - after the path fix for a non-installed checkout
+from harness.devcluster import DevCluster  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "qwenhicache.yaml"
 BENCH_AGENT = "qwen-hicache-bench/1"

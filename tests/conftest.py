@@ -1,4 +1,4 @@
-"""Session-wide fixtures for a real local Kubernetes API server (see qwen_hicache.devcluster).
+"""Session-wide fixtures for a real local Kubernetes API server (see harness.devcluster).
 
 The server is built once per machine (2-5 min cold, progress printed live) and started once per
 test session. A build or start failure makes every test that uses it ERROR with the reason.
@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
-from qwen_hicache.devcluster import DevCluster
+
+from harness.devcluster import DevCluster
 
 
 def _live_logger(pytestconfig: pytest.Config) -> Callable[[str], None]:
@@ -72,7 +73,7 @@ def namespace(kube_api: client.ApiClient, request: pytest.FixtureRequest) -> Ite
 @pytest.fixture(scope="session")
 def crd(kube_api: client.ApiClient) -> None:
     """The generated CRD, installed and Established."""
-    from qwen_hicache.demo import install_crd
+    from harness.demo import install_crd
 
     install_crd(kube_api)
 

@@ -1,4 +1,4 @@
-"""`qwen-hicache`: print the CRD, render or size a resource offline, run the operator, or run the demo."""
+"""`qwen-hicache`: print the CRD, render or size a resource offline, or run the operator."""
 
 from __future__ import annotations
 
@@ -97,12 +97,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
-
-    return run_demo(Path(args.example), keep_seconds=args.keep)
-
-
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="qwen-hicache", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -122,10 +116,6 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--metrics-address", default="0.0.0.0", help="address for --metrics-port")
     o.add_argument("-v", "--verbose", action="store_true")
     o.set_defaults(fn=cmd_run)
-    d = sub.add_parser("demo", help="local API server + CRD + operator + the example, then print the result")
-    d.add_argument("--example", default=str(Path("examples/qwenhicache.yaml")))
-    d.add_argument("--keep", type=float, default=0, help="seconds to keep the cluster up at the end")
-    d.set_defaults(fn=cmd_demo)
     return ap
 
 

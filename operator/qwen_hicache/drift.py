@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Any
 
-HASH_ANNOTATION = "qwenhicache.io/desired-hash"
+from .constants import HASH_ANNOTATION  # noqa: F401 - re-exported
 
 
 def content_hash(obj: Any) -> str:

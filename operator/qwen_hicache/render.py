@@ -11,6 +11,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import launch, podlifecycle
+from .constants import (  # noqa: F401 - re-exported
+    ANNOTATION_PREFIX,
+    COMPONENT_LABEL,
+    INSTANCE_LABEL,
+    MANAGED_BY_LABEL,
+    MANAGER,
+    NAME_LABEL,
+    RENDER_VERSION_ANNOTATION,
+)
 from .drift import with_hash
 from .fingerprint import fingerprint_inputs, fingerprint_of
 from .rollout import CONFIG_HASH_ANNOTATION, FINGERPRINT_ANNOTATION, RESTART_ANNOTATION, config_hash
@@ -20,9 +29,7 @@ from .spec import API_VERSION, KIND, QwenHiCacheServerSpec
 Obj = dict[str, Any]
 
 RENDER_VERSION = "1"
-MANAGER = "qwen-hicache-operator"
-ANNOTATION_PREFIX = "qwenhicache.io"
-RENDER_VERSION_ANNOTATION = f"{ANNOTATION_PREFIX}/render-version"
+
 CACHE_VOLUME = "hicache"
 HTTP_PORT_NAME = "http"
 
@@ -30,16 +37,16 @@ HTTP_PORT_NAME = "http"
 def labels(name: str) -> dict[str, str]:
     """Labels on every owned object; the first two select the pods."""
     return {
-        "app.kubernetes.io/name": "qwen-hicache-server",
-        "app.kubernetes.io/instance": name,
-        "app.kubernetes.io/component": "server",
-        "app.kubernetes.io/managed-by": MANAGER,
+        NAME_LABEL: "qwen-hicache-server",
+        INSTANCE_LABEL: name,
+        COMPONENT_LABEL: "server",
+        MANAGED_BY_LABEL: MANAGER,
     }
 
 
 def selector(name: str) -> dict[str, str]:
     """Stable pod selector (StatefulSet selectors are immutable: never add to this)."""
-    return {k: v for k, v in labels(name).items() if k in ("app.kubernetes.io/name", "app.kubernetes.io/instance")}
+    return {k: v for k, v in labels(name).items() if k in (NAME_LABEL, INSTANCE_LABEL)}
 
 
 def owner_reference(meta: Obj) -> Obj:

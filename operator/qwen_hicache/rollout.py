@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from .constants import CONFIG_HASH_ANNOTATION, FINGERPRINT_ANNOTATION, RESTART_ANNOTATION  # noqa: F401
 from .spec import QwenHiCacheServerSpec
 
 Obj = dict[str, Any]
-CONFIG_HASH_ANNOTATION = "qwenhicache.io/config-hash"
-RESTART_ANNOTATION = "qwenhicache.io/restart"
-FINGERPRINT_ANNOTATION = "qwenhicache.io/fingerprint"
+
 CANARY_TOKENS_HINT = 4096
 """Canary length in characters: well past the runtime's 256-token prefetch threshold, several pages."""
 

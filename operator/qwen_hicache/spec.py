@@ -12,16 +12,9 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
+from .constants import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION  # noqa: F401 - re-exported
 from .geometry import Geometry
 from .typed import ApiModel, cel
-
-GROUP = "qwenhicache.io"
-VERSION = "v1alpha1"
-KIND = "QwenHiCacheServer"
-PLURAL = "qwenhicacheservers"
-SINGULAR = "qwenhicacheserver"
-SHORT_NAMES = ["qhc"]
-API_VERSION = f"{GROUP}/{VERSION}"
 
 PROFILES = ("qwen3.8-flash-next",)
 PAGE_SIZES = [2**i for i in range(11)]

@@ -25,7 +25,7 @@ Obj = dict[str, Any]
 
 @functools.cache
 def helm() -> str:
-    from qwen_hicache.devcluster import ensure_helm
+    from harness.devcluster import ensure_helm
 
     return str(ensure_helm())
 

@@ -7,7 +7,8 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 from qwen_hicache import metrics
-from qwen_hicache.devcluster import free_ports
+
+from harness.devcluster import free_ports
 
 
 def _value(name: str, **labels: str) -> float:

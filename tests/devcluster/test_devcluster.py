@@ -13,8 +13,9 @@ import pytest
 import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
-from qwen_hicache.demo import install_crd
-from qwen_hicache.devcluster import (
+
+from harness.demo import install_crd
+from harness.devcluster import (
     BuildError,
     DevCluster,
     build,

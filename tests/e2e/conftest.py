@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from qwen_hicache.inprocess import operator_thread
-from qwen_hicache.sim.cluster import SimCluster
+
+from harness.inprocess import operator_thread
+from harness.sim.cluster import SimCluster
 
 
 @pytest.fixture

@@ -10,10 +10,11 @@ from kubehelpers import condition, eventually, get_server
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from qwen_hicache import reconciler
-from qwen_hicache.devcluster import ensure_kubectl
 from qwen_hicache.kube import Kube
 from qwen_hicache.spec import GROUP, PLURAL, VERSION
 from resources import BAD_SPECS, example, variant
+
+from harness.devcluster import ensure_kubectl
 
 pytestmark = pytest.mark.integration
 NAME = "flash-next"

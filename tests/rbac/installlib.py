@@ -21,9 +21,10 @@ from typing import Any
 from chart.chartlib import CHART, RELEASE, helm_run, render
 from kubehelpers import condition, eventually
 from kubernetes import client, config
-from qwen_hicache.devcluster import DevCluster, free_ports
 from qwen_hicache.spec import GROUP, PLURAL, VERSION
 from resources import example, variant
+
+from harness.devcluster import DevCluster, free_ports
 
 OPERATOR_NS = "qwen-hicache-system"
 WORKLOAD_NS = "inference"

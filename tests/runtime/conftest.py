@@ -16,7 +16,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from qwen_hicache.sim.sglang_tree import fetch_wheel
+
+from harness.sim.sglang_tree import fetch_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 PATCHES = REPO / "runtime_patches"

@@ -1,4 +1,4 @@
-"""Fixtures for the simulation harness (qwen_hicache.sim): engine stand-ins on loopback."""
+"""Fixtures for the simulation harness (harness.sim): engine stand-ins on loopback."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from qwen_hicache.sim.cluster import IpPool
-from qwen_hicache.sim.sglang_tree import TREE_ENV, patched_sglang_tree
+
+from harness.sim.cluster import IpPool
+from harness.sim.sglang_tree import TREE_ENV, patched_sglang_tree
 
 ADMIN_KEY = "s3cret"
 BASE_ARGS = ["--served-model-name", "Qwen/sim-test", "--page-size", "64", "--tp-size", "2",
@@ -30,7 +31,7 @@ class Engine:
     def __init__(self, ip: str, cache_dir: Path, extra: list[str], env: dict[str, str]) -> None:
         self.url = f"http://{ip}:30000"
         full_env = {**os.environ, "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(cache_dir), **env}
-        argv = [sys.executable, "-m", "qwen_hicache.sim.engine", *BASE_ARGS, "--host", ip, "--port", "30000", *extra]
+        argv = [sys.executable, "-m", "harness.sim.engine", *BASE_ARGS, "--host", ip, "--port", "30000", *extra]
         self.proc = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
     def call(self, method: str, path: str, body: dict | None = None, key: str | None = None) -> tuple[int, str]:

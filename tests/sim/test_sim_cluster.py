@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
-from qwen_hicache.sim.cluster import SimCluster
+
+from harness.sim.cluster import SimCluster
 
 pytestmark = pytest.mark.integration
 

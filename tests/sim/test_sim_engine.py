@@ -8,8 +8,9 @@ import signal
 from pathlib import Path
 
 import pytest
-from qwen_hicache.sim.engine import parse_args
-from qwen_hicache.sim.tiers import page_keys
+
+from harness.sim.engine import parse_args
+from harness.sim.tiers import page_keys
 
 PROMPT = "You are a helpful assistant. " * 24  # 720 bytes: 11 full pages of 64, 10 matchable
 PAGES = (len(PROMPT) - 1) // 64

@@ -1,6 +1,6 @@
 """A real local Kubernetes API server (1.36 apiserver code + etcd) for tests and the demo.
 
-    from qwen_hicache.devcluster import DevCluster
+    from harness.devcluster import DevCluster
     with DevCluster() as cluster:          # builds once per machine (2-5 min cold), then ~1-2 s
         os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
 

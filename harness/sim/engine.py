@@ -1,6 +1,6 @@
 """SIMULATION ONLY: a GPU-free stand-in for ``python3 -m sglang.launch_server``.
 
-    python -m qwen_hicache.sim.engine <the runtime container's args> [--sim-* options]
+    python -m harness.sim.engine <the runtime container's args> [--sim-* options]
 
 It takes the runtime's argv (unknown flags are ignored) and serves the part of SGLang 0.5.23's HTTP
 contract the operator uses: ``GET /health`` and ``GET /ready`` (503 while starting or after
@@ -38,7 +38,7 @@ DEFAULT_PREFETCH_THRESHOLD = 256
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The runtime flags the stand-in honours, plus ``--sim-*`` knobs; everything else is ignored."""
-    p = argparse.ArgumentParser(prog="qwen_hicache.sim.engine", allow_abbrev=False)
+    p = argparse.ArgumentParser(prog="harness.sim.engine", allow_abbrev=False)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--served-model-name", default=None)
@@ -71,7 +71,7 @@ class Engine:
     """Cache bookkeeping and lifecycle state of one stand-in server (thread-safe)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from qwen_hicache.sim import tiers
+        from harness.sim import tiers
 
         self.args, self.tiers = args, tiers
         self.state = "starting"
@@ -100,7 +100,7 @@ class Engine:
         self.state = "ready"
 
     def _open_disk(self) -> Any:
-        from qwen_hicache.sim import sglang_tree
+        from harness.sim import sglang_tree
 
         tree = os.environ.get(sglang_tree.TREE_ENV) or sglang_tree.patched_sglang_tree()
         self.tree = {"path": str(tree), **sglang_tree.tree_info(tree)}
@@ -188,7 +188,7 @@ class Engine:
 
     # -- observability ------------------------------------------------------------------------
     def metrics(self) -> str:
-        from qwen_hicache.sim.metrics import render
+        from harness.sim.metrics import render
 
         if self.disk is not None:
             stats, page = self.disk.stats, self.args.page_size

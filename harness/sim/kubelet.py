@@ -3,7 +3,7 @@
 Init containers and preStop hooks run for real (``sh -c ...`` as the pod spec says) on this host,
 with container paths rewritten to the host directories bound to the pod's volumes, env resolved
 (values, ``secretKeyRef``, ``configMapKeyRef``, ``$(VAR)``) as Kubernetes does. The ``sglang``
-container runs the engine stand-in (qwen_hicache.sim.engine) with the container's args on the
+container runs the engine stand-in (harness.sim.engine) with the container's args on the
 pod IP and the port named ``http``. No images, cgroups, probes' timing or restart backoff.
 """
 
@@ -203,7 +203,7 @@ class PodProcesses:
     def start_engine(self) -> None:
         env = self.env(self.container)
         args = self.argv({"args": self.container.get("args")}, env)  # the image's entrypoint is the stand-in
-        argv = [sys.executable, "-m", "qwen_hicache.sim.engine", *args, "--host", self.ip,
+        argv = [sys.executable, "-m", "harness.sim.engine", *args, "--host", self.ip,
                 "--port", str(self.port()), *self.engine_extra]  # fmt: skip
         log = open(self.run_dir / "engine.log", "ab")  # noqa: SIM115 - the child keeps it
         self.proc = self.spawner.popen(argv, env={**self._base_env(), **self.engine_env, **env}, stdout=log, stderr=log)

@@ -1,4 +1,4 @@
-"""`python -m qwen_hicache.devcluster build|up`: prepare the cache (setup/CI) or run a cluster by hand."""
+"""`python -m harness.devcluster build|up`: prepare the cache (setup/CI) or run a cluster by hand."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from . import DevCluster, DevClusterError, ensure_built, ensure_helm, ensure_kub
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m qwen_hicache.devcluster")
+    parser = argparse.ArgumentParser(prog="python -m harness.devcluster")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("build", help="build the API server and fetch kubectl + helm into the cache")
     sub.add_parser("up", help="start a cluster, print its KUBECONFIG, run until interrupted")

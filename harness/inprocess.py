@@ -16,7 +16,7 @@ import kopf
 @contextlib.contextmanager
 def operator_thread(namespaces: tuple[str, ...] = (), timeout: float = 30) -> Iterator[threading.Thread]:
     """Start the registered handlers (standalone, no peering); stop them cleanly on exit."""
-    from . import handlers  # noqa: F401 - registers the handlers
+    from qwen_hicache import handlers  # noqa: F401 - registers the handlers
 
     stop = threading.Event()
     ready = threading.Event()

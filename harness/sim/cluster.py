@@ -1,6 +1,6 @@
 """SIMULATION ONLY: the StatefulSet controller and a kubelet for the local API server, on loopback.
 
-The local API server stores pods but nothing runs them (see qwen_hicache.devcluster). For every
+The local API server stores pods but nothing runs them (see harness.devcluster). For every
 StatefulSet labelled ``app.kubernetes.io/managed-by=qwen-hicache-operator`` ``SimCluster``:
 
 - creates pods ``<sts>-<i>`` for ordinals below ``spec.replicas`` from the template (owner reference,
@@ -39,7 +39,8 @@ from typing import Any
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ApiException, NotFoundError
 
-from ..polling import wait_for
+from harness.polling import wait_for
+
 from .kubelet import PodProcesses, PodRecord, Spawner, http_port, secret_reader
 from .podstatus import pod_status
 from .sglang_tree import TREE_ENV, patched_sglang_tree

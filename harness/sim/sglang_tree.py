@@ -22,7 +22,7 @@ import types
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 PATCHES = REPO / "runtime_patches"
 TREE_ENV = "QWEN_HICACHE_SIM_SGLANG_TREE"
 INFO_FILE = ".qwen-hicache-tree.json"

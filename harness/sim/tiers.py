@@ -27,7 +27,7 @@ from types import ModuleType
 
 import torch
 
-log = logging.getLogger("qwen_hicache.sim.tiers")
+log = logging.getLogger("harness.sim.tiers")
 
 KV, INDEXER, MAMBA = "kv", "indexer", "mamba"
 MAMBA_SLOT_BYTES = 256

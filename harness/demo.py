@@ -1,8 +1,8 @@
-"""`qwen-hicache demo`: the whole flow on one machine, against a real (local) Kubernetes API server.
+"""`make demo` (`python -m harness.demo`): the whole flow on one machine, against a real (local) Kubernetes API server.
 
 Real: the API server (Kubernetes 1.36 apiextensions code, etcd), CRD validation/defaulting, the operator
 (Kopf, server-side apply, status, events, the rollout), kubectl, the cache-guard and preStop scripts, and the
-disk tier's file code (SGLang's own HiCacheFile, patched). Simulated by `qwen_hicache.sim`: the kubelet and
+disk tier's file code (SGLang's own HiCacheFile, patched). Simulated by `harness.sim`: the kubelet and
 StatefulSet controller, and the engine (a GPU-free stand-in speaking the runtime's HTTP contract).
 """
 
@@ -17,11 +17,11 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from qwen_hicache.crd import build_crd
+from qwen_hicache.render import MANAGER, labels
+from qwen_hicache.spec import GROUP, PLURAL, VERSION
 
-from .crd import build_crd
-from .polling import wait_for
-from .render import MANAGER, labels
-from .spec import GROUP, PLURAL, VERSION
+from harness.polling import wait_for
 
 
 def say(msg: str) -> None:
@@ -94,7 +94,7 @@ def describe_children(api: client.ApiClient, ns: str, name: str) -> str:
 
 def kubectl_get(kubeconfig: Path, ns: str) -> str:
     """`kubectl get qhc` with the real kubectl binary, to show the printer columns."""
-    from .devcluster import ensure_kubectl
+    from harness.devcluster import ensure_kubectl
 
     out = subprocess.run(
         [str(ensure_kubectl(log=say)), "--kubeconfig", str(kubeconfig), "-n", ns, "get", "qhc", "-o", "wide"],
@@ -145,9 +145,9 @@ def run_demo(example: Path, keep_seconds: float = 0) -> int:
     """Start everything, apply the example, show a warm rolling restart, print what happened, stop everything."""
     import tempfile
 
-    from .devcluster import DevCluster
-    from .inprocess import operator_thread
-    from .sim.cluster import SimCluster
+    from harness.devcluster import DevCluster
+    from harness.inprocess import operator_thread
+    from harness.sim.cluster import SimCluster
 
     doc = yaml.safe_load(example.read_text())
     ns, name = doc["metadata"].get("namespace", "default"), doc["metadata"]["name"]
@@ -183,3 +183,17 @@ def run_demo(example: Path, keep_seconds: float = 0) -> int:
                     time.sleep(keep_seconds)
     say("done: the API server, etcd, the harness and the operator have stopped")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m harness.demo", description=run_demo.__doc__)
+    ap.add_argument("--example", default=str(Path("examples/qwenhicache.yaml")))
+    ap.add_argument("--keep", type=float, default=0, help="seconds to keep the cluster up at the end")
+    args = ap.parse_args(argv)
+    return run_demo(Path(args.example), keep_seconds=args.keep)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

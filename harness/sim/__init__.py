@@ -1,7 +1,7 @@
 """SIMULATION ONLY -- a GPU-free test harness, not product code.
 
 Nothing in the operator imports this package. It stands in for what the local API server lacks
-(see qwen_hicache.devcluster): the StatefulSet controller, the kubelet and the SGLang runtime.
+(see harness.devcluster): the StatefulSet controller, the kubelet and the SGLang runtime.
 
 - ``engine``: an HTTP stand-in for ``sglang.launch_server`` with the runtime's contract
   (/health, /ready, /metrics names, /flush_cache with the admin key, /generate with
