@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml $(RUNTIME_TEST_REQS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
-	$(if $(RUNTIME_TEST_REQS),$(PY) -m pip install -q -r $(RUNTIME_TEST_REQS))
+	$(PY) -m harness.runtime_env
 	touch $@
 
 cluster: setup
