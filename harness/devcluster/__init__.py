@@ -1,35 +1,41 @@
-"""A real local Kubernetes API server (1.36 apiserver code + etcd) for tests and the demo.
+"""A real local Kubernetes 1.36 control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler).
 
     from harness.devcluster import DevCluster
-    with DevCluster() as cluster:          # builds once per machine (2-5 min cold), then ~1-2 s
+    with DevCluster() as cluster:          # builds once per machine (about 6 min cold), then a few seconds
         os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
 
-There is no scheduler, kubelet or controller (pods never run); owner-reference and namespace
-garbage collection are approximated by a 1 s loop inside the server (see main.go).
+No node exists until harness.sim's kubelet stand-in registers one; that and the volume provisioner are the
+only simulated parts.
 """
 
 from .build import (
+    Binaries,
     BuildError,
     DevClusterError,
-    apiserver_path,
+    binaries,
+    cache_root,
     default_cache_dir,
     ensure_built,
-    etcd_path,
+    file_lock,
     source_hash,
 )
-from .cluster import DevCluster, free_ports, make_certs, write_kubeconfig
+from .cluster import PROVISIONER, STORAGE_CLASS, DevCluster, free_ports, make_certs, write_kubeconfig
 from .tools import ensure_helm, ensure_kubectl
 
 __all__ = [
+    "PROVISIONER",
+    "STORAGE_CLASS",
+    "Binaries",
     "BuildError",
     "DevCluster",
     "DevClusterError",
-    "apiserver_path",
+    "binaries",
+    "cache_root",
     "default_cache_dir",
     "ensure_built",
     "ensure_helm",
     "ensure_kubectl",
-    "etcd_path",
+    "file_lock",
     "free_ports",
     "make_certs",
     "source_hash",

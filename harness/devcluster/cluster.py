@@ -1,4 +1,7 @@
-"""Start etcd plus the mini-apiserver on loopback, with fresh certificates and a kubeconfig.
+"""Start a real Kubernetes 1.36 control plane on loopback: etcd, kube-apiserver, kube-controller-manager and
+kube-scheduler, with fresh certificates, service-account signing keys, RBAC and the default admission chain.
+
+Only the node side is simulated (harness.sim: kubelet stand-in and volume provisioner).
 
 Servers never outlive their owner: they get PR_SET_PDEATHSIG (when started from the main thread,
 since the signal follows the forking *thread*), and a detached watchdog kills them and removes
@@ -28,15 +31,23 @@ from typing import IO, Any
 
 import yaml
 
-from .build import DevClusterError, Log, ensure_built, etcd_path, tail
+from .build import Binaries, DevClusterError, Log, ensure_built, tail
 
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PRCTL = _LIBC.prctl  # resolved before any fork, so the child only makes a plain C call
-_DISABLED_ADMISSION = (
-    "NamespaceLifecycle,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,"
-    "ValidatingAdmissionPolicy,MutatingAdmissionPolicy"
-)
+SERVICE_CIDR = "10.96.0.0/12"
+SERVICE_IP = "10.96.0.1"  # the `kubernetes` Service's ClusterIP, first of SERVICE_CIDR
+ISSUER = "https://kubernetes.default.svc.cluster.local"
+STORAGE_CLASS = "local-dir"
+PROVISIONER = "qwen-hicache.io/local-dir"
+# The components, in start order; each gets its own client certificate (user from CN, groups from O).
+_COMPONENT_USERS = {
+    "kube-controller-manager": "/CN=system:kube-controller-manager",
+    "kube-scheduler": "/CN=system:kube-scheduler",
+}
+_SERVER_SANS = ("IP:127.0.0.1", f"IP:{SERVICE_IP}", "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default",
+                "DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local")  # fmt: skip
 _NEW_KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
 # Metadata level: who (user, groups, user agent) did what (verb, group, resource, subresource,
 # namespace, name) and the response code, without request or response bodies.
@@ -46,13 +57,15 @@ omitStages: [RequestReceived]
 rules:
   - level: Metadata
 """
-_UNUSED_KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters: [{name: none, cluster: {server: "http://127.0.0.1:1"}}]
-contexts: [{name: none, context: {cluster: none, user: none}}]
-current-context: none
-users: [{name: none, user: {username: x, password: x}}]
-"""
+_STORAGE_CLASS = {
+    "apiVersion": "storage.k8s.io/v1",
+    "kind": "StorageClass",
+    "metadata": {"name": STORAGE_CLASS, "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+    "provisioner": PROVISIONER,
+    "reclaimPolicy": "Delete",
+    "volumeBindingMode": "Immediate",
+    "allowVolumeExpansion": True,
+}
 # Runs detached; argv: owner pid, deadline (epoch s), run dir. Kills every process whose command
 # line names the run dir (so no pid list, and no pid-reuse accidents), then removes the dir.
 _WATCHDOG = """
@@ -105,12 +118,16 @@ def write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, n
 
 
 def make_certs(run_dir: Path) -> None:
-    """CA, a serving cert for 127.0.0.1/localhost and an admin client cert (system:masters)."""
-    (run_dir / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    """CA, the API server's serving cert, client certs for admin and the components, service-account keys."""
+    (run_dir / "san.ext").write_text(f"subjectAltName={','.join(_SERVER_SANS)}\n")
     ca = ["-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=qwen-hicache-dev-ca"]
     _openssl("req", "-x509", *_NEW_KEY, "-days", "7", *ca, cwd=run_dir)
-    sign_cert(run_dir, "server", "/CN=127.0.0.1", ["-extfile", "san.ext"])
+    sign_cert(run_dir, "server", "/CN=kube-apiserver", ["-extfile", "san.ext"])
     sign_cert(run_dir, "admin", "/O=system:masters/CN=admin")
+    for name, subject in _COMPONENT_USERS.items():
+        sign_cert(run_dir, name, subject)
+    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "sa.key", cwd=run_dir)
+    _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=run_dir)
 
 
 def sign_cert(run_dir: Path, name: str, subject: str, extra: list[str] | None = None) -> tuple[Path, Path]:
@@ -145,32 +162,42 @@ def _die_with_parent_preexec() -> Callable[[], None] | None:
 
 
 class DevCluster:
-    """A throwaway local Kubernetes API server (real 1.36 apiserver code + etcd) on 127.0.0.1.
+    """A throwaway real Kubernetes control plane on 127.0.0.1 (etcd, apiserver, controller-manager, scheduler).
 
-    Use as a context manager, or call start()/stop(). After start(): `.server`, `.kubeconfig`.
+    Use as a context manager, or call start()/stop(). After start(): `.server`, `.kubeconfig` (admin, in
+    `system:masters`), `add_user()` for any other identity (RBAC is enforced for it). No node exists until a
+    kubelet stand-in registers one (harness.sim.cluster.SimCluster).
     """
 
     def __init__(
         self,
-        apiserver: Path | None = None,
-        etcd: Path | None = None,
+        binaries: Binaries | None = None,
         *,
         cache_dir: Path | str | None = None,
-        startup_timeout_s: float = 60.0,
+        startup_timeout_s: float = 90.0,
         max_lifetime_s: float = 8 * 3600,
         request_log: bool = False,
+        node_monitor_grace_s: int = 8,
+        toleration_seconds: int = 5,
         log: Log = print,
     ) -> None:
-        """`request_log=True` audits every API request (see `requests()`); off by default because
-        the log grows with every watch event and only RBAC tests need it."""
-        self._apiserver, self._etcd, self._cache_dir = apiserver, etcd, cache_dir
+        """`request_log=True` audits every API request (see `requests()`); off by default because the log grows
+        with every watch event and only RBAC tests need it. `node_monitor_grace_s` and `toleration_seconds`
+        shorten the node lifecycle controller's grace period (50 s) and the default NoExecute tolerations
+        (300 s) so node-loss tests finish in seconds; everything else runs with the components' defaults."""
+        self._binaries, self._cache_dir = binaries, cache_dir
         self.request_log = request_log
+        self.node_monitor_grace_s, self.toleration_seconds = node_monitor_grace_s, toleration_seconds
         self.startup_timeout_s, self.max_lifetime_s, self._log = startup_timeout_s, max_lifetime_s, log
         self.run_dir: Path | None = None
         self.server = ""
+        self.api_port = 0
+        self.startup_seconds = 0.0
+        self._ports: tuple[int, int] = (0, 0)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
-        self._logs: list[IO[bytes]] = []
+        self._logs: dict[str, IO[bytes]] = {}
         self._watchdog: subprocess.Popen[bytes] | None = None
+        self._bins: Binaries | None = None
 
     # ---- public ----
 
@@ -191,16 +218,13 @@ class DevCluster:
         return self._dir / "audit.log"
 
     def add_user(self, user: str, groups: tuple[str, ...] = (), namespace: str = "default") -> Path:
-        """A kubeconfig authenticating as `user` in `groups` (a fresh client certificate from the CA).
+        """A kubeconfig authenticating as `user` in `groups` with a fresh client certificate from the CA.
 
-        This server enforces no RBAC: its delegated authorizer points nowhere, so only `system:masters`
-        gets through, and every extra identity is put in that group too. The identity is for the
-        request log, which attributes calls by user name, e.g. `system:serviceaccount:<ns>:<sa>` for
-        an operator under test whose calls are then checked against its RBAC rules.
+        RBAC is enforced: the identity can do exactly what its (cluster) role bindings allow.
         """
         stem = "user-" + "".join(c if c.isalnum() else "-" for c in user)
         # `/` and `,` are special in an openssl -subj string; service account names never contain them.
-        subject = "".join(f"/O={g}" for g in ("system:masters", *groups)) + f"/CN={user}"
+        subject = "".join(f"/O={g}" for g in groups) + f"/CN={user}"
         cert, key = sign_cert(self._dir, stem, subject)
         return write_kubeconfig(self._dir / f"{stem}.kubeconfig", self.server, self.ca_cert, cert, key, namespace)
 
@@ -241,35 +265,44 @@ class DevCluster:
         return {"KUBECONFIG": str(self.kubeconfig)}
 
     def start(self) -> DevCluster:
-        """Start etcd and the apiserver on fresh loopback ports; returns once /healthz is ok."""
+        """Start all four components on fresh loopback ports; returns once the control plane serves."""
         if self.run_dir is not None:
             raise DevClusterError("DevCluster already started")
-        apiserver = self._apiserver or ensure_built(self._cache_dir, self._log)
-        etcd = self._etcd or etcd_path(self._cache_dir)
+        self._bins = self._binaries or ensure_built(self._cache_dir, self._log)
         self.run_dir = Path(tempfile.mkdtemp(prefix="qwen-hicache-kube-"))
         started = time.monotonic()
         try:
             make_certs(self._dir)
-            (self._dir / "unused.kubeconfig").write_text(_UNUSED_KUBECONFIG)
             (self._dir / "audit-policy.yaml").write_text(_AUDIT_POLICY)
             self._start_watchdog()
-            self._start_servers(apiserver, etcd)
+            self._start_servers()
+            self._install_storage_class()
         except BaseException:
             self.stop()
             raise
+        self.startup_seconds = time.monotonic() - started
         self._log(
-            f"devcluster: API server {self.server} up in {time.monotonic() - started:.1f}s; "
+            f"devcluster: Kubernetes control plane {self.server} up in {self.startup_seconds:.1f}s; "
             f"KUBECONFIG={self.kubeconfig}"
         )
         return self
 
+    def restart_apiserver(self, down_seconds: float = 0.0) -> None:
+        """Stop kube-apiserver (SIGTERM), stay down `down_seconds`, start it again on the same port; for chaos
+        tests. Clients see connection errors meanwhile; etcd keeps every object."""
+        self._stop_proc("kube-apiserver")
+        time.sleep(down_seconds)
+        self._spawn("kube-apiserver", self._apiserver_cmd(*self._ports))
+        self._wait_ok("/readyz", time.monotonic() + self.startup_timeout_s)
+
     def stop(self) -> None:
-        """Stop both servers and remove the run directory; safe to call more than once."""
+        """Stop every component and remove the run directory; safe to call more than once."""
         if self._watchdog is not None:
             self._watchdog.kill()
             self._watchdog.wait()
             self._watchdog = None
-        self._stop_procs()
+        for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+            self._stop_proc(name)
         if self.run_dir is not None:
             shutil.rmtree(self.run_dir, ignore_errors=True)
             self.run_dir = None
@@ -288,43 +321,78 @@ class DevCluster:
             raise DevClusterError("DevCluster is not started")
         return self.run_dir
 
-    def _start_servers(self, apiserver: Path, etcd: Path) -> None:
+    def _start_servers(self) -> None:
+        assert self._bins is not None
+        deadline = time.monotonic() + self.startup_timeout_s
         for attempt in range(3):  # a free port can be taken by someone else before we bind it
             etcd_port, peer_port, api_port = free_ports(3)
+            self._ports, self.api_port = (etcd_port, api_port), api_port
             self.server = f"https://127.0.0.1:{api_port}"
-            self._spawn("etcd", self._etcd_cmd(etcd, etcd_port, peer_port))
-            self._spawn("apiserver", self._apiserver_cmd(apiserver, etcd_port, api_port))
+            self._spawn("etcd", self._etcd_cmd(etcd_port, peer_port))
+            self._spawn("kube-apiserver", self._apiserver_cmd(etcd_port, api_port))
             try:
-                self._wait_ready()
+                self._wait_ok("/readyz", deadline)
                 break
             except DevClusterError as exc:
                 if attempt == 2 or "address already in use" not in str(exc):
                     raise
-                self._stop_procs()
+                for name in ("kube-apiserver", "etcd"):
+                    self._stop_proc(name)
                 shutil.rmtree(self._dir / "etcd", ignore_errors=True)
         write_kubeconfig(self.kubeconfig, self.server, self.ca_cert, *self.client_cert)
+        for name in _COMPONENT_USERS:
+            crt, key = self._dir / f"{name}.crt", self._dir / f"{name}.key"
+            write_kubeconfig(self._dir / f"{name}.kubeconfig", self.server, self.ca_cert, crt, key)
+        self._spawn("kube-controller-manager", self._controller_manager_cmd())
+        self._spawn("kube-scheduler", self._scheduler_cmd())
+        # the controller manager's root-CA publisher and service-account controller have run: it is working
+        self._wait_ok("/api/v1/namespaces/default/configmaps/kube-root-ca.crt", deadline)
+        self._wait_ok("/api/v1/namespaces/default/serviceaccounts/default", deadline)
 
     # fmt: off
-    def _etcd_cmd(self, etcd: Path, port: int, peer: int) -> list[str]:
+    def _etcd_cmd(self, port: int, peer: int) -> list[str]:
+        assert self._bins is not None
         client, peer_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{peer}"
         return [
-            str(etcd), "--data-dir", str(self._dir / "etcd"), "--name", "default",
+            str(self._bins.etcd), "--data-dir", str(self._dir / "etcd"), "--name", "default",
             "--listen-client-urls", client, "--advertise-client-urls", client,
             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
             "--initial-cluster", f"default={peer_url}", "--unsafe-no-fsync", "--log-level", "warn",
+            "--listen-metrics-urls", "",
         ]
 
-    def _apiserver_cmd(self, apiserver: Path, etcd_port: int, port: int) -> list[str]:
-        d, unused = self._dir, str(self._dir / "unused.kubeconfig")
+    def _apiserver_cmd(self, etcd_port: int, port: int) -> list[str]:
+        assert self._bins is not None
+        d = self._dir
         return [
-            str(apiserver), "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
-            "--bind-address", "127.0.0.1", "--secure-port", str(port),
+            str(self._bins.apiserver), "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
+            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", str(port),
             "--tls-cert-file", str(d / "server.crt"), "--tls-private-key-file", str(d / "server.key"),
-            "--cert-dir", str(d / "certs"), "--client-ca-file", str(self.ca_cert),
-            "--authentication-skip-lookup", "--authentication-kubeconfig", unused,
-            "--authorization-kubeconfig", unused, "--kubeconfig", unused,
-            "--disable-admission-plugins", _DISABLED_ADMISSION, "--enable-garbage-collector=false",
+            "--client-ca-file", str(self.ca_cert), "--authorization-mode", "RBAC",
+            "--service-account-issuer", ISSUER, "--service-account-key-file", str(d / "sa.pub"),
+            "--service-account-signing-key-file", str(d / "sa.key"), "--service-cluster-ip-range", SERVICE_CIDR,
+            "--default-not-ready-toleration-seconds", str(self.toleration_seconds),
+            "--default-unreachable-toleration-seconds", str(self.toleration_seconds),
+            "--profiling=false", "--cert-dir", str(d / "certs"),
             *(self._audit_flags() if self.request_log else []),
+        ]
+
+    def _controller_manager_cmd(self) -> list[str]:
+        assert self._bins is not None
+        d, kubeconfig = self._dir, str(self._dir / "kube-controller-manager.kubeconfig")
+        return [
+            str(self._bins.controller_manager), "--kubeconfig", kubeconfig, "--leader-elect=false",
+            "--secure-port", "0", "--use-service-account-credentials", "--root-ca-file", str(self.ca_cert),
+            "--service-account-private-key-file", str(d / "sa.key"), "--service-cluster-ip-range", SERVICE_CIDR,
+            "--node-monitor-period", "1s", "--node-monitor-grace-period", f"{self.node_monitor_grace_s}s",
+            "--profiling=false",
+        ]
+
+    def _scheduler_cmd(self) -> list[str]:
+        assert self._bins is not None
+        return [
+            str(self._bins.scheduler), "--kubeconfig", str(self._dir / "kube-scheduler.kubeconfig"),
+            "--leader-elect=false", "--secure-port", "0", "--profiling=false",
         ]
 
     def _audit_flags(self) -> list[str]:
@@ -335,9 +403,14 @@ class DevCluster:
         ]
     # fmt: on
 
+    def _install_storage_class(self) -> None:
+        """The cluster's default StorageClass, served by the harness's provisioner (like a cloud's default)."""
+        body = json.dumps(_STORAGE_CLASS).encode()
+        self._request("POST", "/apis/storage.k8s.io/v1/storageclasses", body)
+
     def _spawn(self, name: str, cmd: list[str]) -> None:
-        out = open(self._dir / f"{name}.log", "ab")  # noqa: SIM115 - closed in _stop_procs
-        self._logs.append(out)
+        out = open(self._dir / f"{name}.log", "ab")  # noqa: SIM115 - closed in _stop_proc
+        self._logs[name] = out
         self._procs[name] = subprocess.Popen(
             cmd,
             cwd=self._dir,
@@ -358,26 +431,29 @@ class DevCluster:
             start_new_session=True,
         )
 
-    def _wait_ready(self) -> None:
-        """Wait for /healthz, then for the `default` namespace (created by a post-start hook)."""
-        deadline = time.monotonic() + self.startup_timeout_s
-        for path in ("/healthz", "/api/v1/namespaces/default"):
-            while not self._get_ok(path):
-                self._check_alive()
-                if time.monotonic() > deadline:
-                    raise DevClusterError(
-                        f"API server not ready ({path}) after {self.startup_timeout_s:.0f}s{self._log_tails()}"
-                    )
-                time.sleep(0.1)
+    def _wait_ok(self, path: str, deadline: float) -> None:
+        while not self._get_ok(path):
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise DevClusterError(f"control plane not ready ({path}) after {self.startup_timeout_s:.0f}s"
+                                      f"{self._log_tails()}")  # fmt: skip
+            time.sleep(0.1)
 
-    def _get_ok(self, path: str) -> bool:
+    def _request(self, method: str, path: str, body: bytes | None = None) -> int:
         ctx = ssl.create_default_context(cafile=str(self.ca_cert))
         ctx.load_cert_chain(*map(str, self.client_cert))
+        req = urllib.request.Request(self.server + path, data=body, method=method,
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
         try:
-            with urllib.request.urlopen(self.server + path, context=ctx, timeout=2) as resp:
-                return resp.status == 200
+            with urllib.request.urlopen(req, context=ctx, timeout=5) as resp:
+                return resp.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
         except (urllib.error.URLError, OSError):
-            return False
+            return 0
+
+    def _get_ok(self, path: str) -> bool:
+        return self._request("GET", path) == 200
 
     def _check_alive(self) -> None:
         for name, proc in self._procs.items():
@@ -387,16 +463,15 @@ class DevCluster:
     def _log_tails(self) -> str:
         return "".join(f"\n--- {n}.log (last lines) ---\n{tail(self._dir / f'{n}.log', 20)}" for n in self._procs)
 
-    def _stop_procs(self) -> None:
-        for name in ("apiserver", "etcd"):
-            proc = self._procs.pop(name, None)
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-        for out in self._logs:
+    def _stop_proc(self, name: str) -> None:
+        proc = self._procs.pop(name, None)
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        out = self._logs.pop(name, None)
+        if out is not None:
             out.close()
-        self._logs.clear()

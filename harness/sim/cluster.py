@@ -1,66 +1,51 @@
-"""SIMULATION ONLY: the StatefulSet controller and a kubelet for the local API server, on loopback.
+"""SIMULATION ONLY: the node side of a real control plane: kubelet stand-ins and a volume provisioner.
 
-The local API server stores pods but nothing runs them (see harness.devcluster). For every
-StatefulSet labelled ``app.kubernetes.io/managed-by=qwen-hicache-operator`` ``SimCluster``:
+Everything above the node is real (harness.devcluster): the StatefulSet controller creates pods and claims,
+the scheduler binds pods to nodes, the PV controller binds claims, the garbage collector, disruption and
+node lifecycle controllers do their work. ``SimCluster`` plays only what needs a machine:
 
-- creates pods ``<sts>-<i>`` for ordinals below ``spec.replicas`` from the template (owner reference,
-  ``statefulset.kubernetes.io/pod-name``, ``controller-revision-hash``, claim volumes) and the
-  claims ``<template>-<sts>-<i>`` (owned by the set only when ``whenDeleted: Delete``), binding
-  each claim to ``<root_dir>/<namespace>/<claim>/``; an existing (retained) claim keeps its dir;
-- deletes pods above ``spec.replicas`` (scale down; claims stay);
-- plays the kubelet (sim.kubelet): a distinct loopback pod IP, init containers run for real,
-  the engine stand-in as the ``sglang`` container, Ready following its ``/ready``, a crashed
-  engine restarted; status written through the pods/status subresource;
-- on a pod's deletion (the local server deletes at once: no graceful deletion) runs the preStop
-  hook, SIGTERMs the engine, SIGKILLs it after the grace period, and only then lets the pod be
-  recreated under the same name and claims, as the real controller waits for the old pod;
-- writes the set's status (replicas, readyReplicas, currentReplicas, updatedReplicas, ...).
+- registers its nodes (``sim-<tag>-<i>``, 8 GPUs each by default) with heartbeats (harness.sim.node);
+- provisions, resizes and reclaims hostPath volumes for the default StorageClass (harness.sim.provisioner);
+- runs every pod the scheduler binds to its nodes (harness.sim.kubelet: a loopback pod IP, service-account
+  token files from the TokenRequest API, init containers, a local command per image, readiness, container
+  restarts with the kubelet's crash-loop back-off, status through pods/status);
+- honours graceful deletion: preStop hook, SIGTERM, SIGKILL at the end of the grace period, then the final
+  delete (grace 0, uid precondition) that a kubelet makes once the containers have stopped;
+- ``lose_node()``: a machine vanishes (processes killed, no more heartbeats), for node-loss tests.
 
-It polls the API every ``poll_seconds`` (no watches: simpler to stop, and ordering is its own).
+``namespace`` only scopes the queries (``ready_pods``, ``record``); the nodes run whatever is bound to them.
 ``history["<ns>/<pod>"]`` is a ``PodRecord`` per pod name for tests to assert on.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
-import copy
-import hashlib
-import json
 import random
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import ApiException, NotFoundError
+from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from harness.polling import wait_for
 
-from .kubelet import PodProcesses, PodRecord, Spawner, http_port, secret_reader
-from .podstatus import pod_status
+from .kubelet import ImageError, PodProcesses, PodRecord, Spawner, http_port, secret_reader
+from .node import NodeAgent, NodeShape
+from .podstatus import ContainerState, pod_status
+from .provisioner import Provisioner
 from .sglang_tree import TREE_ENV, patched_sglang_tree
 
 Obj = dict[str, Any]
-MANAGED_BY = "app.kubernetes.io/managed-by=qwen-hicache-operator"
-POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
-REVISION_LABEL = "controller-revision-hash"
-HOST_PATH_ANNOTATION = "sim.qwen-hicache.io/host-path"
-MERGE = "application/merge-patch+json"
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def revision(sts: Obj) -> str:
-    """``<sts>-<hash of the pod template>``, the shape of a ControllerRevision name."""
-    digest = hashlib.sha256(json.dumps(sts["spec"]["template"], sort_keys=True).encode()).hexdigest()[:10]
-    return f"{sts['metadata']['name']}-{digest}"
+BACKOFF_START_S, BACKOFF_MAX_S, BACKOFF_RESET_S = 10.0, 300.0, 600.0  # the kubelet's crash-loop back-off
+LOG_TAIL_BYTES, LOG_TAIL_LINES = 2048, 80  # terminationMessagePolicy: FallbackToLogsOnError takes this much
 
 
 class IpPool:
@@ -103,62 +88,75 @@ class LivePod:
     namespace: str
     name: str
     uid: str
+    node: str
     procs: PodProcesses
     record: PodRecord
-    state: str = "starting"  # starting | running | init-failed | terminating
+    started: float = field(default_factory=time.time)
+    state: str = "starting"  # starting | running | init-failed | image-error | terminating
     ready: bool = False
-    restarts: int = 0
+    containers: dict[str, ContainerState] = field(default_factory=dict)
+    restart_at: dict[str, float] = field(default_factory=dict)  # container -> when its back-off ends
     starter: threading.Thread | None = None
+
+    @property
+    def restarts(self) -> int:
+        return sum(c.restarts for c in self.containers.values())
 
 
 class SimCluster:
-    """Plays the StatefulSet controller and the kubelet; a context manager running a background thread."""
+    """Kubelet stand-ins for `nodes` nodes plus the volume provisioner; a context manager with a background loop."""
 
     def __init__(self, api_client: Any, root_dir: Path | str, namespace: str | None = None, *,
-                 engine_args: list[str] | None = None, max_grace_seconds: float | None = None,
-                 poll_seconds: float = 0.1, log: Callable[[str], None] | None = None) -> None:  # fmt: skip
-        self.dyn = DynamicClient(api_client)
+                 nodes: int = 2, shape: NodeShape | None = None, engine_args: list[str] | None = None,
+                 max_grace_seconds: float | None = None, poll_seconds: float = 0.1,
+                 backoff_seconds: float = BACKOFF_START_S,
+                 log: Callable[[str], None] | None = None) -> None:  # fmt: skip
+        self.api = api_client
+        self.core = client.CoreV1Api(api_client)
         self.root = Path(root_dir)
         self.namespace = namespace
         self.engine_args = list(engine_args or [])
         self.max_grace = max_grace_seconds
         self.poll = poll_seconds
+        self.backoff_start = backoff_seconds
         self.log = log or (lambda _msg: None)
+        tag = uuid.uuid4().hex[:5]
+        self.node_names = [f"sim-{tag}-{i}" for i in range(nodes)]
+        self.nodes = NodeAgent(api_client, self.node_names, shape or NodeShape())
+        self.provisioner = Provisioner(api_client, self.root)
         self.history: dict[str, PodRecord] = {}
-        self.pvc_dirs: dict[str, Path] = {}
         self.pods: dict[tuple[str, str], LivePod] = {}
         self.errors: list[str] = []
+        self._lost: set[str] = set()
         self._ips = IpPool()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._spawner: Spawner | None = None
         self._engine_env: dict[str, str] = {}
-        self._res = {k: self.dyn.resources.get(api_version=v, kind=k) for k, v in
-                     (("Pod", "v1"), ("PersistentVolumeClaim", "v1"), ("StatefulSet", "apps/v1"))}  # fmt: skip
-        self._secrets = secret_reader(self.dyn)
+        self._secrets = secret_reader(self.core)
+        host = api_client.configuration.host.split("://", 1)[-1]
+        self._api_env = {"KUBERNETES_SERVICE_HOST": host.rsplit(":", 1)[0],
+                         "KUBERNETES_SERVICE_PORT": host.rsplit(":", 1)[1]}  # fmt: skip
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> SimCluster:
-        """Build the patched sglang tree once (engines would race to), then start the loop."""
+        """Build the patched sglang tree once (engines would race to), register the nodes, start the loop."""
         self._engine_env = {TREE_ENV: str(patched_sglang_tree())}
         self._spawner = Spawner()
+        self.nodes.start()
         self._thread = threading.Thread(target=self._loop, name="sim-cluster", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        """Stop the loop, then every engine (SIGTERM, then SIGKILL): a node going away, no preStop."""
+        """Stop the loop, then every container (SIGTERM, then SIGKILL): machines switched off; nodes removed."""
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=30)
         for pod in list(self.pods.values()):
-            if pod.starter:
-                pod.starter.join(timeout=30)
-            code, _ = pod.procs.stop_engine(5)
-            if code is not None:
-                pod.record.exit_codes.append(code)
-            self._ips.release(pod.procs.ip)
+            self._kill(pod)
         self.pods.clear()
+        self.nodes.stop(delete=True)
         if self._spawner:
             self._spawner.close()
 
@@ -167,6 +165,22 @@ class SimCluster:
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+    def lose_node(self, node: str) -> list[str]:
+        """The machine `node` is gone: its containers die at once and its heartbeats stop; the pods it ran."""
+        self._lost.add(node)
+        self.nodes.lose(node)
+        gone = [p for p in list(self.pods.values()) if p.node == node]
+        for pod in gone:
+            self._kill(pod)
+        return [p.name for p in gone]
+
+    def weights_claim(self, namespace: str, name: str = "qwen-weights", size: str = "200Gi") -> None:
+        """The model-weights claim an admin provides before creating a server (the scheduler needs it bound)."""
+        body = {"metadata": {"name": name}, "spec": {"accessModes": ["ReadOnlyMany"],
+                                                     "resources": {"requests": {"storage": size}}}}  # fmt: skip
+        with contextlib.suppress(ApiException):  # 409: it exists
+            self.core.create_namespaced_persistent_volume_claim(namespace, body)
 
     # -- queries for tests and the demo -----------------------------------------------------
     def record(self, namespace: str, pod: str) -> PodRecord:
@@ -177,7 +191,7 @@ class SimCluster:
         return live.procs.ip if live and live.state != "terminating" else None
 
     def pvc_dir(self, namespace: str, claim: str) -> Path:
-        return self.root / namespace / claim
+        return self.provisioner.claim_dir(namespace, claim)
 
     def wait_for(self, check: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
         """Poll ``check`` until truthy; TimeoutError naming ``what`` and the harness's errors."""
@@ -187,10 +201,10 @@ class SimCluster:
             raise TimeoutError(f"{err}; harness errors: {self.errors[-3:]}") from None
 
     def ready_pods(self, namespace: str, sts: str) -> list[str]:
-        return sorted(p.name for p in self.pods.values()
+        return sorted(p.name for p in list(self.pods.values())
                       if p.namespace == namespace and p.ready and p.name.rsplit("-", 1)[0] == sts)  # fmt: skip
 
-    def wait_ready(self, namespace: str, sts: str, replicas: int, timeout: float = 30) -> list[str]:
+    def wait_ready(self, namespace: str, sts: str, replicas: int, timeout: float = 60) -> list[str]:
         """Wait until exactly ``replicas`` pods of ``sts`` are Ready; their names."""
         return self.wait_for(lambda: len(self.ready_pods(namespace, sts)) == replicas and
                              self.ready_pods(namespace, sts), timeout, f"{replicas} ready pods of {sts}")  # fmt: skip
@@ -205,151 +219,88 @@ class SimCluster:
                 self.log(f"sim: {self.errors[-1]}")
             self._stop.wait(self.poll)
 
-    def _list(self, kind: str, **selectors: str) -> list[Obj]:
-        kwargs = {"namespace": self.namespace} if self.namespace else {}
-        return self._res[kind].get(**kwargs, **selectors).to_dict().get("items") or []
-
     def _tick(self) -> None:
-        sets = self._list("StatefulSet", label_selector=MANAGED_BY)
-        live = {
-            (p["metadata"]["namespace"], p["metadata"]["name"]): p
-            for p in self._list("Pod", label_selector=POD_NAME_LABEL)
-        }
-        self._notice_deletions(live)
-        for sts in sets:
-            self._reconcile(sts, live)
-        self._probe()
-        for sts in sets:
-            self._write_sts_status(sts, live)
-
-    def _notice_deletions(self, live: dict[tuple[str, str], Obj]) -> None:
-        for key, pod in list(self.pods.items()):
-            obj = live.get(key)
-            if pod.state != "terminating" and (obj is None or obj["metadata"]["uid"] != pod.uid):
+        self.provisioner.tick()
+        mine = set(self.node_names) - self._lost
+        listed = self.api.sanitize_for_serialization(self.core.list_pod_for_all_namespaces()).get("items") or []
+        bound = {p["metadata"]["uid"]: p for p in listed if p["spec"].get("nodeName") in mine}
+        for pod in list(self.pods.values()):
+            obj = bound.get(pod.uid)
+            if obj is None and pod.state != "terminating":  # force-deleted: stop it without the API
                 pod.state = "terminating"
-                threading.Thread(target=self._terminate, args=(pod,), daemon=True).start()
-
-    def _reconcile(self, sts: Obj, live: dict[tuple[str, str], Obj]) -> None:
-        ns, name = sts["metadata"]["namespace"], sts["metadata"]["name"]
-        replicas = sts["spec"].get("replicas", 1)
-        for i in range(replicas):
-            key = (ns, f"{name}-{i}")
-            if key in self.pods:
-                continue  # running, or still terminating: the controller waits for the old pod
-            pod = live.get(key) or self._create_pod(sts, i)
-            self._start(pod)
-        for (pns, pname), pod in live.items():
-            ordinal = pname.rsplit("-", 1)[-1]
-            owned = any(o.get("uid") == sts["metadata"]["uid"] for o in pod["metadata"].get("ownerReferences") or [])
-            if pns == ns and owned and ordinal.isdigit() and int(ordinal) >= replicas:
-                self._delete("Pod", ns, pname)  # scale down; its claims stay (whenScaled: Retain)
-
-    def _delete(self, kind: str, ns: str, name: str) -> None:
-        with contextlib.suppress(NotFoundError):
-            self._res[kind].delete(name=name, namespace=ns)
-
-    # -- the StatefulSet controller -------------------------------------------------------------
-    def _create_pod(self, sts: Obj, i: int) -> Obj:
-        ns, name = sts["metadata"]["namespace"], sts["metadata"]["name"]
-        template = copy.deepcopy(sts["spec"]["template"])
-        spec = template["spec"]
-        pod_name = f"{name}-{i}"
-        spec.update(hostname=pod_name, subdomain=sts["spec"].get("serviceName", name))
-        claims = {
-            c["metadata"]["name"]: self._ensure_claim(sts, c, i) for c in sts["spec"].get("volumeClaimTemplates") or []
-        }
-        volumes = [v for v in spec.get("volumes") or [] if v["name"] not in claims]
-        spec["volumes"] = volumes + [
-            {"name": c, "persistentVolumeClaim": {"claimName": pvc}} for c, pvc in claims.items()
-        ]
-        meta = template.get("metadata") or {}
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": pod_name,
-                "namespace": ns,
-                "labels": {**(meta.get("labels") or {}), POD_NAME_LABEL: pod_name,
-                           "apps.kubernetes.io/pod-index": str(i), REVISION_LABEL: revision(sts)},
-                "annotations": meta.get("annotations") or {},
-                "ownerReferences": [self._owner(sts)],
-            },
-            "spec": spec,
-        }  # fmt: skip
-        return self._res["Pod"].create(body=body, namespace=ns).to_dict()
-
-    @staticmethod
-    def _owner(sts: Obj) -> Obj:
-        meta = sts["metadata"]
-        return {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": meta["name"], "uid": meta["uid"],
-                "controller": True, "blockOwnerDeletion": True}  # fmt: skip
-
-    def _ensure_claim(self, sts: Obj, template: Obj, i: int) -> str:
-        """Create ``<template>-<sts>-<i>`` unless it exists (retained claims are reused), bind it to a dir."""
-        ns = sts["metadata"]["namespace"]
-        pvc = f"{template['metadata']['name']}-{sts['metadata']['name']}-{i}"
-        host = self.pvc_dir(ns, pvc)
-        host.mkdir(parents=True, exist_ok=True)
-        self.pvc_dirs[f"{ns}/{pvc}"] = host
-        try:
-            self._res["PersistentVolumeClaim"].get(name=pvc, namespace=ns)
-            return pvc
-        except NotFoundError:
-            pass
-        policy = sts["spec"].get("persistentVolumeClaimRetentionPolicy") or {}
-        labels = {**(template["metadata"].get("labels") or {}), **sts["spec"]["selector"].get("matchLabels", {})}
-        meta = {"name": pvc, "namespace": ns, "labels": labels, "annotations": {HOST_PATH_ANNOTATION: str(host)}}
-        if policy.get("whenDeleted") == "Delete":
-            meta["ownerReferences"] = [{**self._owner(sts), "controller": False}]
-        res = self._res["PersistentVolumeClaim"]
-        res.create(body={"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta,
-                         "spec": template.get("spec") or {}}, namespace=ns)  # fmt: skip
-        capacity = ((template.get("spec") or {}).get("resources") or {}).get("requests") or {}
-        bound = {"phase": "Bound", "accessModes": template["spec"].get("accessModes"), "capacity": capacity}
-        res.status.patch(body={"status": bound}, name=pvc, namespace=ns, content_type=MERGE)
-        return pvc
-
-    def _write_sts_status(self, sts: Obj, live: dict[tuple[str, str], Obj]) -> None:
-        ns, name, uid = sts["metadata"]["namespace"], sts["metadata"]["name"], sts["metadata"]["uid"]
-        owned = [p for (pns, _), p in live.items() if pns == ns and
-                 any(o.get("uid") == uid for o in p["metadata"].get("ownerReferences") or [])]  # fmt: skip
-        old = sts.get("status") or {}
-        update = revision(sts)
-        revs = [p["metadata"]["labels"].get(REVISION_LABEL) for p in owned]
-        replicas = sts["spec"].get("replicas", 1)
-        current = update if revs.count(update) == replicas == len(revs) else old.get("currentRevision", update)
-        ready = sum(1 for (pns, pname) in self.pods if pns == ns and self.pods[(pns, pname)].ready and
-                    live.get((pns, pname), {}).get("metadata", {}).get("uid") == self.pods[(pns, pname)].uid and
-                    pname.rsplit("-", 1)[0] == name)  # fmt: skip
-        status = {
-            "observedGeneration": sts["metadata"].get("generation"),
-            "replicas": len(owned),
-            "readyReplicas": ready,
-            "availableReplicas": ready,
-            "currentReplicas": revs.count(current),
-            "updatedReplicas": revs.count(update),
-            "currentRevision": current,
-            "updateRevision": update,
-        }
-        if any(old.get(k, 0) != v for k, v in status.items()):
-            with contextlib.suppress(NotFoundError):
-                self._res["StatefulSet"].status.patch(
-                    body={"status": status}, name=name, namespace=ns, content_type=MERGE
-                )
+                threading.Thread(target=self._terminate, args=(pod, False), daemon=True).start()
+        running = {p.uid for p in self.pods.values()}
+        for uid, obj in bound.items():
+            meta = obj["metadata"]
+            if meta.get("deletionTimestamp"):
+                live = self.pods.get((meta["namespace"], meta["name"]))
+                if live is not None and live.uid == uid:
+                    if live.state != "terminating":
+                        live.state = "terminating"
+                        threading.Thread(target=self._terminate, args=(live, True), daemon=True).start()
+                elif uid not in running:
+                    self._confirm_deleted(meta)
+            elif uid not in running and _runnable(obj) and (meta["namespace"], meta["name"]) not in self.pods:
+                self._start(obj)  # (a name still in self.pods is the old incarnation, stopping)
+        self._probe()
 
     # -- the kubelet ----------------------------------------------------------------------------
     def _volume_dirs(self, pod: Obj, run_dir: Path) -> dict[str, Path]:
         ns, dirs = pod["metadata"]["namespace"], {}
         for v in pod["spec"].get("volumes") or []:
+            path = run_dir / "volumes" / v["name"]
             if "persistentVolumeClaim" in v:
-                claim = v["persistentVolumeClaim"]["claimName"]
-                dirs[v["name"]] = self.pvc_dirs.setdefault(f"{ns}/{claim}", self.pvc_dir(ns, claim))
+                path = self._claim_path(ns, v["persistentVolumeClaim"]["claimName"])
             elif "hostPath" in v:
-                dirs[v["name"]] = Path(v["hostPath"]["path"])
-            else:  # emptyDir and anything else: a fresh directory per pod
-                dirs[v["name"]] = run_dir / "volumes" / v["name"]
-            dirs[v["name"]].mkdir(parents=True, exist_ok=True)
+                path = Path(v["hostPath"]["path"])
+            elif "projected" in v:
+                self._project(pod, v["projected"], path)
+            elif "configMap" in v or "secret" in v:
+                self._write_keys(pod, v, path)
+            path.mkdir(parents=True, exist_ok=True)  # emptyDir and anything else: a fresh directory per pod
+            dirs[v["name"]] = path
         return dirs
+
+    def _claim_path(self, ns: str, claim: str) -> Path:
+        pvc = self.core.read_namespaced_persistent_volume_claim(claim, ns)
+        pv = self.core.read_persistent_volume(pvc.spec.volume_name)
+        return Path(pv.spec.host_path.path)
+
+    def _project(self, pod: Obj, projected: Obj, path: Path) -> None:
+        """The service-account volume: a token from the TokenRequest API, the cluster CA and the namespace."""
+        path.mkdir(parents=True, exist_ok=True)
+        meta = pod["metadata"]
+        for source in projected.get("sources") or []:
+            if "serviceAccountToken" in source:
+                sat = source["serviceAccountToken"]
+                spec = {"expirationSeconds": sat.get("expirationSeconds", 3607),
+                        "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": meta["name"], "uid": meta["uid"]}}
+                if sat.get("audience"):
+                    spec["audiences"] = [sat["audience"]]
+                token = self.core.create_namespaced_service_account_token(
+                    pod["spec"].get("serviceAccountName", "default"), meta["namespace"], {"spec": spec})
+                (path / sat.get("path", "token")).write_text(token.status.token)
+            elif "configMap" in source:
+                cm = self.core.read_namespaced_config_map(source["configMap"]["name"], meta["namespace"])
+                for item in source["configMap"].get("items") or [{"key": k, "path": k} for k in cm.data or {}]:
+                    (path / item["path"]).write_text((cm.data or {}).get(item["key"], ""))
+            elif "downwardAPI" in source:
+                for item in source["downwardAPI"].get("items") or []:
+                    field_path = (item.get("fieldRef") or {}).get("fieldPath", "")
+                    value = {"metadata.namespace": meta["namespace"], "metadata.name": meta["name"]}.get(field_path, "")
+                    (path / item["path"]).write_text(value)
+
+    def _write_keys(self, pod: Obj, volume: Obj, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        ns = pod["metadata"]["namespace"]
+        if "configMap" in volume:
+            data = self.core.read_namespaced_config_map(volume["configMap"]["name"], ns).data or {}
+            for key, value in data.items():
+                (path / key).write_text(value)
+        else:
+            data = self.core.read_namespaced_secret(volume["secret"]["secretName"], ns).data or {}
+            for key, value in data.items():
+                (path / key).write_bytes(base64.b64decode(value))
 
     def _start(self, pod: Obj) -> None:
         meta = pod["metadata"]
@@ -358,17 +309,25 @@ class SimCluster:
         record.incarnations += 1
         run_dir = self.root / ".pods" / ns / f"{name}-{record.incarnations}"
         ip = self._ips.take(http_port(pod))
-        procs = PodProcesses(pod, ip, self._volume_dirs(pod, run_dir), self._secrets, self._spawner, run_dir,
-                             self.engine_args, self._engine_env)  # fmt: skip
-        live = LivePod(ns, name, meta["uid"], procs, record)
+        procs = PodProcesses(pod, ip, {}, self._secrets, self._spawner, run_dir, self.engine_args, self._engine_env,
+                             self._api_env)  # fmt: skip
+        live = LivePod(ns, name, meta["uid"], pod["spec"]["nodeName"], procs, record)
         record.ips.append(ip)
-        record.note(f"scheduled uid={meta['uid']} ip={ip}")
+        record.note(f"scheduled on {live.node} uid={meta['uid']} ip={ip}")
         self.pods[(ns, name)] = live
-        live.starter = threading.Thread(target=self._boot, args=(live,), name=f"boot-{name}", daemon=True)
+        live.starter = threading.Thread(target=self._boot, args=(live, pod, run_dir), name=f"boot-{name}", daemon=True)
         live.starter.start()
 
-    def _boot(self, pod: LivePod) -> None:
-        """Pending with an IP, init containers, then the engine: Running, not yet Ready."""
+    def _boot(self, pod: LivePod, obj: Obj, run_dir: Path) -> None:
+        """Pending with an IP, volumes, init containers, then the containers: Running, not yet Ready."""
+        try:
+            pod.procs.volumes = self._volume_dirs(obj, run_dir)
+        except Exception as exc:  # a volume that cannot be set up keeps the pod Pending, as a kubelet would
+            pod.record.note(f"volume setup failed: {exc}")
+            self.errors.append(f"{pod.name}: volume setup failed: {exc}")
+            self.pods.pop((pod.namespace, pod.name), None)
+            self._ips.release(pod.procs.ip)
+            return
         self._patch_pod(pod, phase="Pending")
         failure = pod.procs.run_init()
         if pod.state == "terminating":
@@ -379,7 +338,19 @@ class SimCluster:
             pod.record.note(f"init container {failure['name']} failed with {failure['exitCode']}")
             self._patch_pod(pod, phase="Pending", init_failure=failure)
             return
-        pod.procs.start_engine()
+        try:
+            pod.procs.check_images()
+        except ImageError as exc:
+            pod.state = "image-error"
+            for c in pod.procs.containers:
+                pod.containers.setdefault(c["name"], ContainerState()).waiting = ("ErrImagePull", str(exc))
+            pod.record.note(str(exc))
+            self._patch_pod(pod, phase="Pending")
+            return
+        now = time.time()
+        for c in pod.procs.containers:
+            pod.containers.setdefault(c["name"], ContainerState()).started_at = now
+        pod.procs.start_all()
         pod.record.starts += 1
         pod.state = "running"
         self._patch_pod(pod, phase="Running")
@@ -388,34 +359,64 @@ class SimCluster:
         for pod in list(self.pods.values()):
             if pod.state != "running":
                 continue
-            proc = pod.procs.proc
-            if proc is not None and proc.poll() is not None:
-                self._restart(pod, proc.returncode)
-                continue
-            ready = pod.procs.ready()
-            if ready != pod.ready:
+            changed = False
+            for c in pod.procs.containers:
+                changed |= self._watch_container(pod, c)
+            ready = all(cs.waiting is None for cs in pod.containers.values()) and pod.procs.ready()
+            if ready != pod.ready or changed:
+                if ready != pod.ready:
+                    pod.record.note(f"ready={ready}")
                 pod.ready = ready
-                pod.record.note(f"ready={ready}")
                 self._patch_pod(pod, phase="Running")
 
-    def _restart(self, pod: LivePod, code: int) -> None:
-        """The engine died on its own: the kubelet restarts the container (no backoff here)."""
-        pod.record.exit_codes.append(code)
-        pod.record.note(f"engine exited {code}; restarting")
-        pod.ready = False
-        pod.restarts += 1
-        pod.procs.start_engine()
-        pod.record.starts += 1
-        self._patch_pod(pod, phase="Running")
+    def _watch_container(self, pod: LivePod, c: Obj) -> bool:
+        """Exited containers wait out the crash-loop back-off, then restart; True when the status changed."""
+        name, cs = c["name"], pod.containers.setdefault(c["name"], ContainerState())
+        proc = pod.procs.procs.get(name)
+        if cs.waiting is not None and time.monotonic() >= pod.restart_at.get(name, 0):
+            cs.waiting, cs.started_at = None, time.time()
+            pod.procs.start_container(name)
+            pod.record.starts += 1
+            pod.record.note(f"container {name} restarted (restart {cs.restarts})")
+            return True
+        if cs.waiting is not None or proc is None or proc.poll() is None:
+            return False
+        code = proc.returncode
+        if name == pod.procs.container["name"]:
+            pod.record.exit_codes.append(code)
+        ran = time.time() - (cs.started_at or time.time())
+        cs.history = [] if ran > BACKOFF_RESET_S else cs.history
+        cs.history.append(code)
+        delay = min(self.backoff_start * 2 ** (len(cs.history) - 1), BACKOFF_MAX_S)
+        cs.restarts += 1
+        cs.last_terminated = self._termination(pod, c, code)
+        cs.waiting = ("CrashLoopBackOff", f"back-off {delay:.0f}s restarting failed container={name} pod={pod.name}")
+        pod.restart_at[name] = time.monotonic() + delay
+        pod.record.note(f"container {name} exited {code}; back-off {delay:.0f}s")
+        return True
 
-    def _terminate(self, pod: LivePod) -> None:
-        """preStop within the grace period, SIGTERM, SIGKILL at its end; then the name is free again."""
+    @staticmethod
+    def _termination(pod: LivePod, c: Obj, code: int) -> Obj:
+        out: Obj = {"exitCode": code if code >= 0 else 128 - code, "reason": "Completed" if code == 0 else "Error",
+                    "startedAt": None, "finishedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+        if c.get("terminationMessagePolicy") == "FallbackToLogsOnError" and code != 0:
+            with contextlib.suppress(OSError):
+                raw = (pod.procs.run_dir / f"{c['name']}.log").read_bytes()[-LOG_TAIL_BYTES:]
+                out["message"] = "\n".join(raw.decode(errors="replace").splitlines()[-LOG_TAIL_LINES:])
+        return out
+
+    def _terminate(self, pod: LivePod, graceful: bool) -> None:
+        """preStop within the grace period, SIGTERM, SIGKILL at its end; then the final delete (grace 0)."""
         if pod.starter:
             pod.starter.join()
-        grace = float(pod.procs.spec.get("terminationGracePeriodSeconds", 30))
+        grace = 30.0
+        with contextlib.suppress(ApiException):
+            obj = self.core.read_namespaced_pod(pod.name, pod.namespace)
+            if obj.metadata.uid == pod.uid:
+                grace = float(obj.metadata.deletion_grace_period_seconds or grace)
         grace = min(grace, self.max_grace) if self.max_grace is not None else grace
         began = time.monotonic()
-        if pod.procs.proc is not None:
+        if pod.procs.proc is not None and pod.procs.proc.poll() is None:
             hook = pod.procs.run_prestop(grace)
             if hook is not None:
                 pod.record.prestop_runs += 1
@@ -427,13 +428,33 @@ class SimCluster:
             pod.record.exit_codes.append(code)
         pod.record.sigkilled += int(killed)
         pod.record.note(f"engine stopped: exit {code}{' (SIGKILL)' if killed else ''}")
+        if graceful:
+            self._confirm_deleted({"name": pod.name, "namespace": pod.namespace, "uid": pod.uid})
         self._ips.release(pod.procs.ip)
         self.pods.pop((pod.namespace, pod.name), None)
 
+    def _kill(self, pod: LivePod) -> None:
+        if pod.starter:
+            pod.starter.join(timeout=30)
+        code, _ = pod.procs.stop_engine(5)
+        if code is not None:
+            pod.record.exit_codes.append(code)
+        self._ips.release(pod.procs.ip)
+        self.pods.pop((pod.namespace, pod.name), None)
+
+    def _confirm_deleted(self, meta: Obj) -> None:
+        """The kubelet's last word on a pod whose containers have stopped: delete now, this uid only."""
+        body = client.V1DeleteOptions(grace_period_seconds=0, preconditions=client.V1Preconditions(uid=meta["uid"]))
+        with contextlib.suppress(ApiException):
+            self.core.delete_namespaced_pod(meta["name"], meta["namespace"], body=body)
+
     def _patch_pod(self, pod: LivePod, phase: str, init_failure: Obj | None = None) -> None:
-        status = pod_status(pod.procs, pod.state, pod.ready, phase, init_failure, pod.restarts)
+        status = pod_status(pod.procs, pod.state, pod.ready, phase, init_failure, pod.containers, pod.started)
         try:
-            self._res["Pod"].status.patch(body={"status": status}, name=pod.name, namespace=pod.namespace,
-                                          content_type=MERGE)  # fmt: skip
-        except (NotFoundError, ApiException) as exc:
-            pod.record.note(f"status not written: {getattr(exc, 'status', exc)}")
+            self.core.patch_namespaced_pod_status(pod.name, pod.namespace, {"status": status})
+        except ApiException as exc:
+            pod.record.note(f"status not written: {exc.status}")
+
+
+def _runnable(pod: Obj) -> bool:
+    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")

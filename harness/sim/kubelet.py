@@ -2,9 +2,13 @@
 
 Init containers and preStop hooks run for real (``sh -c ...`` as the pod spec says) on this host,
 with container paths rewritten to the host directories bound to the pod's volumes, env resolved
-(values, ``secretKeyRef``, ``configMapKeyRef``, ``$(VAR)``) as Kubernetes does. The ``sglang``
-container runs the engine stand-in (harness.sim.engine) with the container's args on the
-pod IP and the port named ``http``. No images, cgroups, probes' timing or restart backoff.
+(values, ``secretKeyRef``, ``configMapKeyRef``, ``$(VAR)``) as Kubernetes does. Which command stands
+in for each image is decided in harness.sim.images: the ``sglang`` container runs the engine stand-in
+on the pod IP and its ``http`` port; the operator image runs ``qwen-hicache run`` in its own mount
+namespace, where the pod's service-account token, CA and namespace files (made through the real
+TokenRequest API) are bound at /var/run/secrets/kubernetes.io/serviceaccount, as in a real pod. A
+wildcard address (0.0.0.0) in a container's args becomes the pod IP, so nothing listens beyond loopback.
+No images, cgroups, users or liveness probes; readiness follows the runtime's /ready or an httpGet probe.
 """
 
 from __future__ import annotations
@@ -26,8 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .images import RUNTIME_CONTAINER, command_for
+
 Obj = dict[str, Any]
-RUNTIME_CONTAINER = "sglang"
+SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+REPO = Path(__file__).resolve().parents[2]  # the stand-ins' "image": this checkout (harness/ importable)
 POD_HOST_ENV = "QWEN_HICACHE_POD_HOST"
 _PR_SET_PDEATHSIG = 1
 _PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
@@ -133,18 +140,29 @@ class PathMap:
         return self._re.sub(lambda m: str(hosts[m.group(1)]), text)
 
 
+class ImageError(RuntimeError):
+    """No local stand-in exists for a container's image (the pod shows ErrImagePull)."""
+
+
 class PodProcesses:
-    """One pod's host side: its env, init containers, engine process, preStop and shutdown."""
+    """One pod's host side: its env, init containers, container processes, preStop and shutdown."""
 
     def __init__(self, pod: Obj, ip: str, volumes: dict[str, Path], secrets: Any, spawner: Spawner,
-                 run_dir: Path, engine_extra: list[str], engine_env: dict[str, str]) -> None:  # fmt: skip
+                 run_dir: Path, engine_extra: list[str], engine_env: dict[str, str],
+                 api_env: dict[str, str] | None = None) -> None:  # fmt: skip
         self.pod, self.ip, self.spawner, self.run_dir = pod, ip, spawner, run_dir
-        self.engine_extra, self.engine_env = engine_extra, engine_env
+        self.engine_extra, self.engine_env, self.api_env = engine_extra, engine_env, dict(api_env or {})
         self.spec = pod["spec"]
-        self.container = next(c for c in self.spec["containers"] if c["name"] == RUNTIME_CONTAINER)
+        self.containers: list[Obj] = list(self.spec["containers"])
+        self.container = next((c for c in self.containers if c["name"] == RUNTIME_CONTAINER), self.containers[0])
         self.volumes, self.secrets = volumes, secrets
-        self.proc: subprocess.Popen | None = None
+        self.procs: dict[str, subprocess.Popen] = {}
         run_dir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def proc(self) -> subprocess.Popen | None:
+        """The main container's process (the runtime's, in a server pod)."""
+        return self.procs.get(self.container["name"])
 
     # -- env and paths -------------------------------------------------------------------------
     def paths(self, container: Obj) -> PathMap:
@@ -162,27 +180,34 @@ class PodProcesses:
         for kind in ("secretKeyRef", "configMapKeyRef"):
             if kind in ref:
                 return self.secrets(kind, self.pod["metadata"]["namespace"], ref[kind])
+        if "fieldRef" in ref:
+            return _field_ref(self.pod, ref["fieldRef"].get("fieldPath", ""), self.ip)
         return None
 
-    def env(self, container: Obj) -> dict[str, str]:
-        """The container's env as Kubernetes resolves it, container paths mapped to host dirs."""
-        env: dict[str, str] = {}
+    def env(self, container: Obj, map_paths: bool = True) -> dict[str, str]:
+        """The container's env as Kubernetes resolves it (container paths mapped to host dirs when asked)."""
+        env: dict[str, str] = dict(self.api_env)
         for item in container.get("env") or []:
             value = self._env_value(item, env)
             if value is not None:
                 env[item["name"]] = value
+        if not map_paths:
+            return env
         paths = self.paths(container)
         return {k: paths(v) for k, v in env.items()}
 
     def _base_env(self) -> dict[str, str]:
-        keep = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "QWEN_HICACHE_"))}
+        keep = {k: v for k, v in os.environ.items()
+                if not k.startswith(("SGLANG_", "QWEN_HICACHE_", "KUBECONFIG", "KUBERNETES_"))}  # fmt: skip
         keep["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{keep.get('PATH', '')}"  # python3 = this venv
         keep["HOSTNAME"] = self.pod["metadata"]["name"]
+        keep["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), keep.get("PYTHONPATH")]))
         return keep
 
-    def argv(self, container: Obj, env: dict[str, str]) -> list[str]:
-        paths = self.paths(container)
-        return [paths(expand(a, env)) for a in (container.get("command") or []) + (container.get("args") or [])]
+    def argv(self, container: Obj, env: dict[str, str], map_paths: bool = True) -> list[str]:
+        paths = self.paths(container) if map_paths else (lambda a: a)
+        words = (container.get("command") or []) + (container.get("args") or [])
+        return [paths(expand(a, env)).replace("0.0.0.0", self.ip) for a in words]
 
     # -- lifecycle -------------------------------------------------------------------------------
     def run_init(self) -> Obj | None:
@@ -200,20 +225,59 @@ class PodProcesses:
     def port(self) -> int:
         return http_port(self.pod)
 
-    def start_engine(self) -> None:
-        env = self.env(self.container)
-        args = self.argv({"args": self.container.get("args")}, env)  # the image's entrypoint is the stand-in
-        argv = [sys.executable, "-m", "harness.sim.engine", *args, "--host", self.ip,
-                "--port", str(self.port()), *self.engine_extra]  # fmt: skip
-        log = open(self.run_dir / "engine.log", "ab")  # noqa: SIM115 - the child keeps it
-        self.proc = self.spawner.popen(argv, env={**self._base_env(), **self.engine_env, **env}, stdout=log, stderr=log)
+    def check_images(self) -> None:
+        """Raise ImageError for the first container no local command stands in for."""
+        for c in self.containers:
+            if self._command(c) is None:
+                raise ImageError(f'no local stand-in for image "{c.get("image", "")}" (container {c["name"]})')
+
+    def _command(self, c: Obj) -> list[str] | None:
+        env = self.env(c, map_paths=c is self.container)
+        argv = self.argv(c, env, map_paths=c is self.container)
+        args = self.argv({"args": c.get("args")}, env, map_paths=c is self.container)
+        return command_for(c, argv, args)
+
+    def start_container(self, name: str) -> None:
+        c = next(c for c in self.containers if c["name"] == name)
+        log = open(self.run_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
+        command = self._command(c)
+        if command is None:
+            raise ImageError(f'no local stand-in for image "{c.get("image", "")}" (container {name})')
+        if c is self.container and name == "sglang":
+            env = {**self._base_env(), **self.engine_env, **self.env(c)}
+            argv = [*command, "--host", self.ip, "--port", str(self.port()), *self.engine_extra]
+        else:  # a real program: its own mount namespace with the pod's volumes bound at their paths
+            env = {**self._base_env(), **self.env(c, map_paths=False)}
+            argv = self._in_mount_namespace(c, command)
+        self.procs[name] = self.spawner.popen(argv, env=env, stdout=log, stderr=log, cwd=self.run_dir)
         log.close()
 
+    def start_all(self) -> None:
+        for c in self.containers:
+            self.start_container(c["name"])
+
+    def _in_mount_namespace(self, container: Obj, command: list[str]) -> list[str]:
+        binds = [(str(self.volumes[m["name"]] / m.get("subPath", "")), m["mountPath"])
+                 for m in container.get("volumeMounts") or [] if m["name"] in self.volumes]  # fmt: skip
+        script = "".join(f'mkdir -p "{dst}" 2>/dev/null; mount --bind "{src}" "{dst}" || exit 125; '
+                         for src, dst in binds)  # fmt: skip
+        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script + 'exec "$@"', "sh",
+                *command]  # fmt: skip
+
     def ready(self, timeout: float = 0.5) -> bool:
-        if self.proc is None or self.proc.poll() is not None:
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
             return False
+        if self.container["name"] == RUNTIME_CONTAINER:
+            return self._http_ok(self.port(), "/ready", timeout)
+        probe = (self.container.get("readinessProbe") or {}).get("httpGet")
+        if not probe:
+            return True
+        return self._http_ok(_probe_port(self.container, probe["port"]), probe.get("path", "/"), timeout)
+
+    def _http_ok(self, port: int, path: str, timeout: float) -> bool:
         try:
-            with urllib.request.urlopen(f"http://{self.ip}:{self.port()}/ready", timeout=timeout) as r:
+            with urllib.request.urlopen(f"http://{self.ip}:{port}{path}", timeout=timeout) as r:
                 return r.status == 200
         except OSError:
             return False
@@ -228,40 +292,55 @@ class PodProcesses:
         return self.spawner.run(argv, timeout=grace, env={**self._base_env(), **env}, cwd=self.run_dir)
 
     def stop_engine(self, grace: float) -> tuple[int | None, bool]:
-        """SIGTERM, wait up to ``grace``, then SIGKILL; (exit code, killed?)."""
-        if self.proc is None:
-            return None, False
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=max(grace, 0.1)), False
-        except subprocess.TimeoutExpired:
-            kill_group(self.proc)
-            return self.proc.wait(), True
+        """SIGTERM every container, wait up to ``grace``, then SIGKILL; (main exit code, main killed?)."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline, result = time.monotonic() + max(grace, 0.1), (None, False)
+        for name, proc in self.procs.items():
+            try:
+                code, killed = proc.wait(timeout=max(deadline - time.monotonic(), 0.1)), False
+            except subprocess.TimeoutExpired:
+                kill_group(proc)
+                code, killed = proc.wait(), True
+            if name == self.container["name"]:
+                result = (code, killed)
+        return result
+
+
+def _field_ref(pod: Obj, path: str, ip: str) -> str | None:
+    meta = pod["metadata"]
+    return {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace"),
+            "metadata.uid": meta.get("uid"), "spec.nodeName": pod["spec"].get("nodeName"),
+            "spec.serviceAccountName": pod["spec"].get("serviceAccountName"), "status.podIP": ip,
+            "status.hostIP": "127.0.0.1"}.get(path)  # fmt: skip
+
+
+def _probe_port(container: Obj, port: int | str) -> int:
+    if isinstance(port, int) or str(port).isdigit():
+        return int(port)
+    return next(int(p["containerPort"]) for p in container.get("ports") or [] if p.get("name") == port)
 
 
 def http_port(pod: Obj) -> int:
     """The runtime container's port named ``http`` (else its first port, else SGLang's 30000)."""
-    container = next(c for c in pod["spec"]["containers"] if c["name"] == RUNTIME_CONTAINER)
+    containers = pod["spec"]["containers"]
+    container = next((c for c in containers if c["name"] == RUNTIME_CONTAINER), containers[0])
     ports = container.get("ports") or []
     named = [p["containerPort"] for p in ports if p.get("name") == "http"]
     return int((named or [p["containerPort"] for p in ports] or [30000])[0])
 
 
-def secret_reader(dyn: Any) -> Any:
+def secret_reader(core: Any) -> Any:
     """A resolver for ``secretKeyRef``/``configMapKeyRef`` that reads the object from the API server."""
-    kinds = {"secretKeyRef": "Secret", "configMapKeyRef": "ConfigMap"}
 
     def read(kind: str, namespace: str, ref: Obj) -> str | None:
-        res = dyn.resources.get(api_version="v1", kind=kinds[kind])
         try:
-            obj = res.get(name=ref["name"], namespace=namespace).to_dict()
+            if kind == "secretKeyRef":
+                raw = (core.read_namespaced_secret(ref["name"], namespace).data or {}).get(ref["key"])
+                return None if raw is None else base64.b64decode(raw).decode()
+            return (core.read_namespaced_config_map(ref["name"], namespace).data or {}).get(ref["key"])
         except Exception:
             return None
-        raw = (obj.get("data") or {}).get(ref["key"])
-        if raw is not None and kind == "secretKeyRef":
-            return base64.b64decode(raw).decode()
-        # the local server stores Secrets as sent: stringData is not folded into data there
-        return raw if raw is not None else (obj.get("stringData") or {}).get(ref["key"])
 
     return read

@@ -131,31 +131,51 @@ def test_kubeconfig_verifies_the_server_with_a_ca(tmp_path: Path) -> None:
 
 
 def test_failed_build_raises_with_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "build.sh").write_text(
-        "echo '==> pretending'\necho 'go: cannot find package k8s.io/nope' >&2\nexit 3\n"
-    )
-    (src / "main.go").write_text("package main\n")
-    (src / "sid-packages.txt").write_text("x\n")
-    monkeypatch.setattr(build, "HERE", src)
+    src = tmp_path / "go"
+    (src / "etcd").mkdir(parents=True)
+    (src / "go.mod").write_text("module broken.local/kube\n\ngo 1.26.0\n")
+    (src / "etcd" / "main.go").write_text("package main\n\nfunc main() { undefinedCall() }\n")
+    monkeypatch.setattr(build, "GO_DIR", src)
+    monkeypatch.setattr(build, "PACKAGES", {"etcd": "./etcd"})
     seen: list[str] = []
     with pytest.raises(BuildError) as err:
         ensure_built(tmp_path / "cache", log=seen.append)
-    assert "exit status 3" in str(err.value)
-    assert "cannot find package k8s.io/nope" in str(err.value)
+    assert "go build exit status 1" in str(err.value)
+    assert "undefined: undefinedCall" in str(err.value)
     assert str(tmp_path / "cache") in str(err.value)  # names the log file
-    assert "devcluster: pretending" in seen
+    assert any("building Kubernetes v1.36.3" in line for line in seen)
 
 
-def test_built_binary_is_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_built_binaries_are_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cache = tmp_path / "cache"
-    for path in (build.apiserver_path(cache), build.etcd_path(cache)):
+    bins = build.binaries(cache)
+    for path in vars(bins).values():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("#!/bin/sh\n")
         path.chmod(0o755)
+    (bins.etcd.parent / ".verified").write_text("ok\n")
     monkeypatch.setattr(build, "_build", lambda *a: pytest.fail("rebuilt although cached"))
-    assert ensure_built(cache, log=lambda m: None) == build.apiserver_path(cache)
+    assert ensure_built(cache, log=lambda m: None) == bins
+
+
+def test_a_binary_of_another_version_is_refused(tmp_path: Path) -> None:
+    for name, line in (*((n, f"Kubernetes {build.KUBERNETES_VERSION}") for n in build.PACKAGES),
+                       ("etcd", "etcd Version: 3.5.1")):  # fmt: skip
+        (tmp_path / name).write_text(f"#!/bin/sh\necho '{line}'\n")
+        (tmp_path / name).chmod(0o755)
+    with pytest.raises(BuildError, match="expected 'etcd Version: 3.6.8'"):
+        build._verify(tmp_path, tmp_path / "log")
+
+
+@integration
+def test_the_cached_binaries_report_the_pinned_versions(devcluster: DevCluster) -> None:
+    bins = ensure_built(log=lambda m: None)
+    for name, path in (("kube-apiserver", bins.apiserver), ("kube-controller-manager", bins.controller_manager),
+                       ("kube-scheduler", bins.scheduler)):  # fmt: skip
+        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60).stdout
+        assert out.strip() == f"Kubernetes {build.KUBERNETES_VERSION}", name
+    out = subprocess.run([str(bins.etcd), "--version"], capture_output=True, text=True, timeout=60).stdout
+    assert f"etcd Version: {build.ETCD_VERSION}" in out
 
 
 # ---- integration tests: a real server ----
@@ -247,7 +267,8 @@ def test_owned_children_are_garbage_collected(
     owner = crs.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, probe("owner"))
     readers = _owned_children(kube_api, namespace, owner)
     core = client.CoreV1Api(kube_api)
-    pvc = {"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"]}}
+    pvc = {"metadata": {"name": "data"},
+           "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}
     core.create_namespaced_persistent_volume_claim(namespace, pvc)  # no owner reference: must survive
     time.sleep(1.5)  # a GC pass or more with the owner alive must keep the children
     assert all(exists(r) for r in readers)
@@ -297,7 +318,7 @@ def test_kubectl_get(devcluster: DevCluster, kube_api: client.ApiClient, namespa
         env={"KUBECONFIG": str(devcluster.kubeconfig), "HOME": str(devcluster.run_dir)},
     )
     assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == ["configmap/k"]
+    assert res.stdout.split() == ["configmap/k", "configmap/kube-root-ca.crt"]  # the latter: root-CA publisher
 
 
 @integration
@@ -327,3 +348,46 @@ def test_helm_installs_a_chart(
     assert res.returncode == 0, res.stderr
     cm = client.CoreV1Api(kube_api).read_namespaced_config_map("from-helm", namespace)
     assert cm.data == {"x": "hello"}
+
+
+@integration
+def test_built_in_kinds_are_validated_as_a_real_cluster_does(kube_api: client.ApiClient, namespace: str) -> None:
+    """What the old stand-in stored and a real cluster refuses: now refused here too."""
+    core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_service(namespace, {"metadata": {"name": "not.a.label"},
+                                                   "spec": {"ports": [{"port": 80}]}})  # fmt: skip
+    assert err.value.status == 422 and "metadata.name" in err.value.body
+    sts = {"metadata": {"name": "s"}, "spec": {
+        "selector": {"matchLabels": {"a": "b"}}, "serviceName": "s",
+        "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}},
+        "volumeClaimTemplates": [{"metadata": {"name": "d"}, "spec": {
+            "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}]}}  # fmt: skip
+    apps.create_namespaced_stateful_set(namespace, sts)
+    grown = {"spec": {"volumeClaimTemplates": [{"metadata": {"name": "d"}, "spec": {
+        "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "2Gi"}}}}]}}  # fmt: skip
+    with pytest.raises(ApiException) as err:
+        apps.patch_namespaced_stateful_set("s", namespace, grown)
+    assert err.value.status == 422 and "Forbidden" in err.value.body
+    bad_toleration = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}],
+                      "tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}}  # fmt: skip
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod(namespace, bad_toleration)
+    assert err.value.status == 422
+
+
+@integration
+def test_rbac_is_enforced_for_other_identities(devcluster: DevCluster, namespace: str) -> None:
+    kubeconfig = devcluster.add_user("someone", groups=("team-a",))
+    api = config.new_client_from_config(config_file=str(kubeconfig))
+    with pytest.raises(ApiException) as err:
+        client.CoreV1Api(api).list_namespaced_pod(namespace)
+    assert err.value.status == 403
+    admin = config.new_client_from_config(config_file=str(devcluster.kubeconfig))
+    rbac = client.RbacAuthorizationV1Api(admin)
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "r"}, "rules": [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]})  # fmt: skip
+    rbac.create_namespaced_role_binding(namespace, {"metadata": {"name": "r"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "r"},
+        "subjects": [{"kind": "Group", "name": "team-a", "apiGroup": "rbac.authorization.k8s.io"}]})  # fmt: skip
+    eventually(lambda: client.CoreV1Api(api).list_namespaced_pod(namespace).items == [])

@@ -21,6 +21,7 @@ from harness.sim.cluster import SimCluster
 def sim(kube_api: client.ApiClient, namespace: str, tmp_path: Path) -> Iterator[SimCluster]:
     """Pods for this test's namespace, their volumes under tmp_path/volumes."""
     with SimCluster(kube_api, tmp_path / "volumes", namespace) as cluster:
+        cluster.weights_claim(namespace)
         yield cluster
 
 

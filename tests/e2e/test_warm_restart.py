@@ -152,7 +152,8 @@ def test_recreated_resource_reuses_retained_volumes_and_warms(
     eventually(lambda: not apps.list_namespaced_stateful_set(namespace).items, timeout=30)
     eventually(lambda: not client.CoreV1Api(kube_api).list_namespaced_pod(namespace).items
                and not sim.ready_pods(namespace, NAME), timeout=120)
-    claims = client.CoreV1Api(kube_api).list_namespaced_persistent_volume_claim(namespace).items
+    claims = [c for c in client.CoreV1Api(kube_api).list_namespaced_persistent_volume_claim(namespace).items
+              if c.metadata.name != "qwen-weights"]  # the admin's weights claim
     assert [c.metadata.name for c in claims] == [f"hicache-{NAME}-0"]
     assert claims[0].metadata.annotations["qwenhicache.io/fingerprint"].startswith("v1-")
     _up(custom, sim, namespace, 1)

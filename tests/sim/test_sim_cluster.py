@@ -1,4 +1,5 @@
-"""SimCluster against the real local API server: pods, claims, preStop, warm recreation, retention."""
+"""The node stand-in under the real control plane: the real StatefulSet controller, scheduler and PV controller
+create and place pods and claims; SimCluster runs them (preStop, warm recreation, retention, init failures)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,7 @@ def sim(kube_api: client.ApiClient, namespace: str, tmp_path: Path, sglang_tree:
     core = client.CoreV1Api(kube_api)
     core.create_namespaced_secret(namespace, {"metadata": {"name": "demo-admin"}, "stringData": {"key": "k3y"}})
     with SimCluster(kube_api, tmp_path / "volumes", namespace, max_grace_seconds=10) as harness:
+        harness.weights_claim(namespace, "weights")
         yield harness
 
 
@@ -101,7 +103,7 @@ def test_pods_claims_prestop_and_warm_recreation(sim: SimCluster, kube_api: clie
                for n, p in pods.items())  # fmt: skip
     sim.wait_for(lambda: (apps.read_namespaced_stateful_set(namespace=namespace, name="demo").status.ready_replicas
                           == 2), 10, "readyReplicas")  # fmt: skip
-    pvc_dir = sim.pvc_dirs[f"{namespace}/hicache-demo-0"]
+    pvc_dir = sim.pvc_dir(namespace, "hicache-demo-0")
     assert (pvc_dir / FP).is_dir()  # the init container ran with the claim mounted at its host dir
 
     ip0 = sim.pod_ip(namespace, "demo-0")
@@ -115,7 +117,7 @@ def test_pods_claims_prestop_and_warm_recreation(sim: SimCluster, kube_api: clie
     assert record.prestop_ran and record.prestop_exit_codes == [0], record.prestop_output
     assert "Cache flushed" in record.prestop_output[0]
     assert record.exit_codes == [0] and record.starts == 2 and record.sigkilled == 0
-    assert sim.pvc_dirs[f"{namespace}/hicache-demo-0"] == pvc_dir
+    assert sim.pvc_dir(namespace, "hicache-demo-0") == pvc_dir
     assert generate(sim.pod_ip(namespace, "demo-0"), prompt)["storage"] > 0  # pages survived the restart
 
 
@@ -130,8 +132,9 @@ def test_scale_down_and_delete_keep_retained_claims(
                  20, "scale down")  # fmt: skip
     assert sim.history[f"{namespace}/demo-1"].prestop_ran
     apps.delete_namespaced_stateful_set("demo", namespace, _preload_content=False)
-    sim.wait_for(lambda: not sim.pods, 20, "pods gone after the set")  # owner-reference GC, then preStop
+    sim.wait_for(lambda: not [k for k in sim.pods if k[0] == namespace], 30, "pods gone after the set")  # real GC
     claims = {c.metadata.name: c for c in core.list_namespaced_persistent_volume_claim(namespace).items}
+    claims.pop("weights")
     assert set(claims) == {"hicache-demo-0", "hicache-demo-1"}
     assert all(not c.metadata.owner_references and c.status.phase == "Bound" for c in claims.values())
 
