@@ -37,7 +37,7 @@ bench: cluster
 
 crds: setup
 	$(VENV)/bin/qwen-hicache crd > crds/qwenhicacheservers.qwenhicache.io.yaml
-	$(PY) tests/chart/chartlib.py  # the kubectl bundle embeds the CRD
+	PYTHONPATH=. $(PY) tests/chart/chartlib.py  # the kubectl bundle embeds the CRD
 
 clean:
 	rm -rf $(VENV)

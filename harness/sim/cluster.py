@@ -96,6 +96,7 @@ class LivePod:
     ready: bool = False
     containers: dict[str, ContainerState] = field(default_factory=dict)
     restart_at: dict[str, float] = field(default_factory=dict)  # container -> when its back-off ends
+    next_probe: float = 0.0  # readiness is probed at the probe's periodSeconds, as the kubelet does
     starter: threading.Thread | None = None
 
     @property
@@ -362,7 +363,10 @@ class SimCluster:
             changed = False
             for c in pod.procs.containers:
                 changed |= self._watch_container(pod, c)
-            ready = all(cs.waiting is None for cs in pod.containers.values()) and pod.procs.ready()
+            ready = pod.ready
+            if changed or time.monotonic() >= pod.next_probe:
+                pod.next_probe = time.monotonic() + _probe_period(pod.procs.container)
+                ready = all(cs.waiting is None for cs in pod.containers.values()) and pod.procs.ready()
             if ready != pod.ready or changed:
                 if ready != pod.ready:
                     pod.record.note(f"ready={ready}")
@@ -458,3 +462,9 @@ class SimCluster:
 
 def _runnable(pod: Obj) -> bool:
     return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
+def _probe_period(container: Obj) -> float:
+    """The readiness probe's periodSeconds (Kubernetes' default 10); no probe: every loop pass."""
+    probe = container.get("readinessProbe")
+    return float(probe.get("periodSeconds", 10)) if probe else 0.0

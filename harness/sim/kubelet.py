@@ -201,7 +201,9 @@ class PodProcesses:
                 if not k.startswith(("SGLANG_", "QWEN_HICACHE_", "KUBECONFIG", "KUBERNETES_"))}  # fmt: skip
         keep["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{keep.get('PATH', '')}"  # python3 = this venv
         keep["HOSTNAME"] = self.pod["metadata"]["name"]
-        keep["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), keep.get("PYTHONPATH")]))
+        podnet = str(Path(__file__).resolve().parent / "podnet")  # wildcard binds narrowed to the pod IP
+        keep["PYTHONPATH"] = os.pathsep.join(filter(None, [podnet, str(REPO), keep.get("PYTHONPATH")]))
+        keep["QWEN_HICACHE_SIM_POD_IP"] = self.ip
         return keep
 
     def argv(self, container: Obj, env: dict[str, str], map_paths: bool = True) -> list[str]:
@@ -259,6 +261,7 @@ class PodProcesses:
     def _in_mount_namespace(self, container: Obj, command: list[str]) -> list[str]:
         binds = [(str(self.volumes[m["name"]] / m.get("subPath", "")), m["mountPath"])
                  for m in container.get("volumeMounts") or [] if m["name"] in self.volumes]  # fmt: skip
+        binds.sort(key=lambda b: -len(b[1]))  # deepest first: a later bind (over /tmp, say) hides no source
         script = "".join(f'mkdir -p "{dst}" 2>/dev/null; mount --bind "{src}" "{dst}" || exit 125; '
                          for src, dst in binds)  # fmt: skip
         return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script + 'exec "$@"', "sh",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -35,8 +36,13 @@ def post_event(body: dict[str, Any], type_: str, reason: str, message: str) -> N
 
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """In a pod: the service account; elsewhere: $KUBECONFIG read at login time (not at import time)."""
-    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    """In a pod: the service account, at the address the kubelet injects (KUBERNETES_SERVICE_HOST/_PORT, as
+    client-go's in-cluster config does, so no cluster DNS is needed); elsewhere $KUBECONFIG, read at login time."""
+    info = kopf.login_with_service_account(**kwargs)
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if info is not None and host and port:
+        info = dataclasses.replace(info, server=f"https://{f'[{host}]' if ':' in host else host}:{port}")
+    return info or kopf.login_with_kubeconfig(**kwargs)
 
 
 @kopf.on.startup()

@@ -166,20 +166,18 @@ def test_delete_removes_children_but_keeps_cache_volumes(
     _create(custom, namespace, example())
     eventually(lambda: _observed(custom, namespace))
     core = client.CoreV1Api(kube_api)
-    # What the StatefulSet controller creates from the claim template under `whenDeleted: Retain`:
-    # a claim per pod, labelled, and not owned by anything (so garbage collection never takes it).
+    # The real StatefulSet controller creates a claim per pod from the template under `whenDeleted: Retain`,
+    # labelled and owned by nothing (so garbage collection never takes it); no node runs the pods here.
     sts = _sts(kube_api, namespace)
     assert sts.spec.persistent_volume_claim_retention_policy.when_deleted == "Retain"
-    template = sts.spec.volume_claim_templates[0]
-    for i in range(sts.spec.replicas):
-        core.create_namespaced_persistent_volume_claim(namespace, {
-            "metadata": {"name": f"{template.metadata.name}-{NAME}-{i}", "labels": template.metadata.labels},
-            "spec": {"accessModes": template.spec.access_modes,
-                     "resources": {"requests": template.spec.resources.requests}},
-        })
+    names = {f"{sts.spec.volume_claim_templates[0].metadata.name}-{NAME}-{i}" for i in range(sts.spec.replicas)}
+    eventually(lambda: {c.metadata.name for c in core.list_namespaced_persistent_volume_claim(namespace).items}
+               == names)
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, NAME)
     apps = client.AppsV1Api(kube_api)
-    eventually(lambda: not apps.list_namespaced_stateful_set(namespace).items)
+    # the real garbage collector resolves owner kinds from discovery it refreshes every 30 s: right after the CRD
+    # is installed it may need one refresh before it sees the owner gone
+    eventually(lambda: not apps.list_namespaced_stateful_set(namespace).items, timeout=90)
     eventually(lambda: not core.list_namespaced_service(namespace).items)
     claims = {c.metadata.name for c in core.list_namespaced_persistent_volume_claim(namespace).items}
     assert claims == {f"hicache-{NAME}-0", f"hicache-{NAME}-1"}

@@ -1,17 +1,14 @@
-"""Helpers for the install and RBAC tests: an audited API server, the chart installed with the real helm,
-and the operator run as the chart's Deployment would run it, under the chart's ServiceAccount identity.
+"""Helpers for the install and RBAC tests: an audited control plane, the chart installed with the real helm,
+and the operator running as the chart's Deployment pod (scheduled by the real scheduler, run by the kubelet
+stand-in with its ServiceAccount's token: RBAC is enforced by the real authorizer).
 
-Each install gets its own DevCluster (about 1 s to start) so the request log holds that install only.
+Each install gets its own DevCluster (a few seconds to start) so the request log holds that install only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
-import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,7 +21,8 @@ from kubernetes import client, config
 from qwen_hicache.spec import GROUP, PLURAL, VERSION
 from resources import example, variant
 
-from harness.devcluster import DevCluster, free_ports
+from harness.devcluster import DevCluster
+from harness.sim.cluster import SimCluster
 
 OPERATOR_NS = "qwen-hicache-system"
 WORKLOAD_NS = "inference"
@@ -35,11 +33,11 @@ class Install:
     """The chart installed into an audited cluster, and the operator identity it created."""
 
     cluster: DevCluster
+    sim: SimCluster
     api: client.ApiClient
     values: list[str]
     sets: list[str]
     service_account: str = ""
-    operator_log: Path | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -54,33 +52,23 @@ class Install:
         """`helm install` exactly as docs/install.md says (CRD from crds/, then the templates)."""
         flags = [f for v in self.values for f in ("-f", v)] + [f for s in self.sets for f in ("--set", s)]
         self.helm("install", RELEASE, str(CHART), "-n", OPERATOR_NS, "--create-namespace", *flags)
-        deployment = self._deployment()
-        self.service_account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+        self.service_account = self._deployment()["spec"]["template"]["spec"]["serviceAccountName"]
 
     def _deployment(self) -> dict[str, Any]:
         docs = render(*map(Path, self.values), sets=tuple(self.sets), namespace=OPERATOR_NS)
         return next(d for d in docs if d["kind"] == "Deployment")
 
-    def operator_command(self, health_port: int, metrics_port: int) -> list[str]:
-        """The Deployment's command and args, pointed at loopback ports instead of the pod's."""
+    def ports(self) -> dict[str, int]:
         container = self._deployment()["spec"]["template"]["spec"]["containers"][0]
-        assert container["command"][0] == "python"
-        args = [a.replace("0.0.0.0:8080", f"127.0.0.1:{health_port}") for a in container["args"]]
-        args = [f"--metrics-port={metrics_port}" if a.startswith("--metrics-port=") else a for a in args]
-        return [sys.executable, *container["command"][1:], *args, "--metrics-address=127.0.0.1"]
-
-    def operator_env(self) -> dict[str, str]:
-        container = self._deployment()["spec"]["template"]["spec"]["containers"][0]
-        env = {e["name"]: e["value"] for e in container["env"]}
-        env["QWEN_HICACHE_RESYNC_SECONDS"] = "1"  # the only deviation: resync fast so the test is short
-        return env
+        return {p["name"]: p["containerPort"] for p in container["ports"]}
 
 
 @dataclass
-class OperatorProcess:
-    """`qwen-hicache run` in a subprocess with its own identity, health and metrics ports."""
+class OperatorPod:
+    """The operator's pod as the kubelet stand-in runs it: its endpoints on the pod IP, its log, its exits."""
 
-    proc: subprocess.Popen[bytes]
+    sim: SimCluster
+    name: str
     health: str
     metrics: str
     log: Path
@@ -93,76 +81,66 @@ class OperatorProcess:
             return 0, str(err)
 
     def output(self) -> str:
-        return self.log.read_text(errors="replace")[-6000:]
+        return self.log.read_text(errors="replace")[-6000:] if self.log.exists() else "(no log)"
+
+    @property
+    def exit_codes(self) -> list[int]:
+        return self.sim.record(OPERATOR_NS, self.name).exit_codes
 
 
 @contextlib.contextmanager
-def audited_cluster() -> Iterator[DevCluster]:
-    """A fresh API server that records every request (who, verb, resource, namespace)."""
-    with DevCluster(request_log=True, log=lambda _: None) as cluster:
-        yield cluster
+def audited_cluster(root: Path) -> Iterator[tuple[DevCluster, SimCluster]]:
+    """A fresh control plane that records every request (who, verb, resource, namespace), with two nodes."""
+    with DevCluster(request_log=True, log=lambda _: None) as cluster, \
+            SimCluster(admin_api(cluster), root / "volumes") as sim:
+        yield cluster, sim
 
 
 def admin_api(cluster: DevCluster) -> client.ApiClient:
     return config.new_client_from_config(config_file=str(cluster.kubeconfig))
 
 
-def install(cluster: DevCluster, values: list[str] | None = None, sets: list[str] | None = None) -> Install:
-    """The workload namespace, then `helm install` of the chart with these values files and --set strings."""
+def install(bed: tuple[DevCluster, SimCluster], values: list[str] | None = None,
+            sets: list[str] | None = None) -> Install:  # fmt: skip
+    """The workload namespace (with the admin's weights claim), then `helm install` of the chart with these values
+    files and --set strings; the only deviation from the defaults is the shortest resync the chart allows (5 s) so the tests are short."""
+    cluster, sim = bed
     api = admin_api(cluster)
     client.CoreV1Api(api).create_namespace({"metadata": {"name": WORKLOAD_NS}})
-    inst = Install(cluster, api, values or [], sets or [])
+    sim.weights_claim(WORKLOAD_NS)
+    inst = Install(cluster, sim, api, values or [], [*(sets or []), "operator.resyncSeconds=5"])
     inst.install()
     return inst
 
 
-def make_claims(api: client.ApiClient, namespace: str, name: str) -> list[str]:
-    """The cache volume claims the StatefulSet controller would create from the claim template under
-    `whenDeleted: Retain` (no controller runs here): one per replica, labelled, owned by nothing."""
-    sts = client.AppsV1Api(api).read_namespaced_stateful_set(name, namespace)
-    template = sts.spec.volume_claim_templates[0]
-    names = [f"{template.metadata.name}-{name}-{i}" for i in range(sts.spec.replicas)]
-    for claim in names:
-        client.CoreV1Api(api).create_namespaced_persistent_volume_claim(namespace, {
-            "metadata": {"name": claim, "labels": template.metadata.labels},
-            "spec": {"accessModes": template.spec.access_modes,
-                     "resources": {"requests": template.spec.resources.requests}},
-        })
-    return names
-
-
 @contextlib.contextmanager
-def running_operator(inst: Install, log: Path) -> Iterator[OperatorProcess]:
-    """The operator started the way the chart's Deployment does, as the chart's ServiceAccount."""
-    health_port, metrics_port = free_ports(2)
-    groups = ("system:serviceaccounts", f"system:serviceaccounts:{OPERATOR_NS}")
-    kubeconfig = inst.cluster.add_user(inst.user, groups=groups)
-    env = {**os.environ, **inst.operator_env(), "KUBECONFIG": str(kubeconfig)}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(inst.operator_command(health_port, metrics_port), env=env, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    op = OperatorProcess(proc, f"http://127.0.0.1:{health_port}/healthz",
-                         f"http://127.0.0.1:{metrics_port}/metrics", log)
+def running_operator(inst: Install) -> Iterator[OperatorPod]:
+    """Wait for the chart's operator pod to be Ready (its readiness probe is Kopf's health endpoint)."""
+    core = client.CoreV1Api(inst.api)
+    pods = lambda: core.list_namespaced_pod(OPERATOR_NS).items  # noqa: E731
+
+    def ready() -> Any:
+        live = [inst.sim.pods.get((OPERATOR_NS, p.metadata.name)) for p in pods()]
+        return next((p for p in live if p is not None and p.ready), None)
+
     try:
-        deadline = time.monotonic() + 30
-        while op.get(op.health)[0] != 200:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"the operator did not become healthy:\n{op.output()}")
-            time.sleep(0.2)
-        yield op
-    finally:
-        stop_operator(op)
+        live = inst.sim.wait_for(ready, 90, "the operator pod Ready")
+    except TimeoutError as err:
+        logs = [p.procs.run_dir / "operator.log" for p in inst.sim.pods.values() if p.namespace == OPERATOR_NS]
+        raise AssertionError(f"{err}\n" + "\n".join(f.read_text()[-3000:] for f in logs if f.exists())) from None
+    ports = inst.ports()
+    ip = live.procs.ip
+    op = OperatorPod(inst.sim, live.name, f"http://{ip}:{ports['health']}/healthz",
+                     f"http://{ip}:{ports.get('metrics', 0)}/metrics", live.procs.run_dir / "operator.log")
+    yield op
 
 
-def stop_operator(op: OperatorProcess) -> None:
-    """SIGTERM (what the kubelet sends), then wait: Kopf's graceful shutdown makes calls of its own too."""
-    if op.proc.poll() is None:
-        op.proc.send_signal(signal.SIGTERM)
-        try:
-            op.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            op.proc.kill()
-            op.proc.wait()
+def stop_operator(inst: Install, op: OperatorPod) -> None:
+    """Scale the Deployment to zero: the pod is deleted gracefully and the kubelet stand-in sends SIGTERM."""
+    apps = client.AppsV1Api(inst.api)
+    name = inst.service_account  # the Deployment, ServiceAccount and ClusterRole share the fullname
+    apps.patch_namespaced_deployment_scale(name, OPERATOR_NS, {"spec": {"replicas": 0}})
+    inst.sim.wait_for(lambda: (OPERATOR_NS, op.name) not in inst.sim.pods, 60, "the operator pod stopped")
 
 
 def _observed(custom: client.CustomObjectsApi, name: str, generation: int) -> dict | None:
@@ -178,7 +156,9 @@ def exercise(api: client.ApiClient) -> None:
     name = doc["metadata"]["name"]
     custom.create_namespaced_custom_object(GROUP, VERSION, WORKLOAD_NS, PLURAL, doc)
     assert condition(eventually(lambda: _observed(custom, name, 1)), "SpecValid")["status"] == "True"
-    claims = make_claims(api, WORKLOAD_NS, name)  # the operator records the cache fingerprint on them
+    sts = eventually(lambda: apps.read_namespaced_stateful_set(name, WORKLOAD_NS))
+    template = sts.spec.volume_claim_templates[0].metadata.name
+    claims = [f"{template}-{name}-{i}" for i in range(sts.spec.replicas)]  # made by the StatefulSet controller
     eventually(lambda: all(any(k.startswith(f"{GROUP}/") for k in (c.metadata.annotations or {}))
                            for c in map(lambda n: core.read_namespaced_persistent_volume_claim(n, WORKLOAD_NS),
                                         claims)))

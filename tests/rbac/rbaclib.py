@@ -60,6 +60,8 @@ def calls_from(requests: list[dict[str, Any]]) -> tuple[set[Call], set[str]]:
         if r["resource"]:
             resource = r["resource"] + (f"/{r['subresource']}" if r["subresource"] else "")
             calls.add(Call(r["verb"], r["apiGroup"], resource, r["namespace"]))
+            if r["verb"] == "patch" and r["code"] == 201:  # a server-side apply that created the object:
+                calls.add(Call("create", r["apiGroup"], resource, r["namespace"]))  # authorized as create too
         else:
             urls.add(r["uri"].split("?", 1)[0])
     return calls, urls

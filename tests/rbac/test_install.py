@@ -1,5 +1,6 @@
-"""`helm install` into the local API server, the operator reconciling a server created from chart values,
-then `helm uninstall`: the operator and its RBAC go, the CRD and the cache volumes stay."""
+"""`helm install` into the real control plane (the operator runs as the chart's pod), the operator reconciling a
+server created from chart values, then `helm uninstall`: the operator and its RBAC go, the CRD and the cache
+volumes stay."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from chart.chartlib import EXAMPLES
-from installlib import OPERATOR_NS, WORKLOAD_NS, admin_api, audited_cluster, install, make_claims, running_operator
+from installlib import OPERATOR_NS, WORKLOAD_NS, admin_api, audited_cluster, install, running_operator
 from kubehelpers import eventually
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -25,20 +26,27 @@ def _gone(read: object, *args: str) -> bool:
 
 
 def test_helm_install_reconcile_uninstall_keeps_cache_volumes(tmp_path: Path) -> None:
-    with audited_cluster() as cluster:
+    with audited_cluster(tmp_path) as (cluster, sim):
         api = admin_api(cluster)
-        inst = install(cluster, values=[str(EXAMPLES / "helm-values-server.yaml")],
+        inst = install((cluster, sim), values=[str(EXAMPLES / "helm-values-server.yaml")],
                        sets=[f"servers[0].namespace={WORKLOAD_NS}", "servers[0].spec.hicache.disk.enabled=true",
                              "servers[0].spec.hicache.disk.size=200Gi"])  # a cache volume to keep
         status = inst.helm("status", "qwen-hicache-operator", "-n", OPERATOR_NS)
         assert "STATUS: deployed" in status and "watching all namespaces" in status  # NOTES.txt rendered
         apps, core, custom = client.AppsV1Api(api), client.CoreV1Api(api), client.CustomObjectsApi(api)
         name = "flash-next-1gpu"
-        with running_operator(inst, tmp_path / "operator.log") as op:
+        with running_operator(inst) as op:
             sts = eventually(lambda: apps.read_namespaced_stateful_set(name, WORKLOAD_NS))
             assert sts.spec.template.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
-            claims = make_claims(api, WORKLOAD_NS, name)
+            claims = [f"hicache-{name}-0"]
+            sim.wait_ready(WORKLOAD_NS, name, 1, timeout=120)  # the server's pod runs: reconciled end to end
+            eventually(lambda: core.read_namespaced_persistent_volume_claim(claims[0], WORKLOAD_NS).metadata
+                       .annotations.get(f"{GROUP}/fingerprint"))
             assert "qwen_hicache_reconcile_duration_seconds" in op.get(op.metrics)[1]
+            # docs/install.md's order: servers first, while the operator still runs (its resync timer holds a
+            # Kopf finalizer on each server, which only a running operator removes), then the operator
+            custom.delete_namespaced_custom_object(GROUP, VERSION, WORKLOAD_NS, PLURAL, name)
+            eventually(lambda: _gone(custom.get_namespaced_custom_object, GROUP, VERSION, WORKLOAD_NS, PLURAL, name))
             inst.helm("uninstall", "qwen-hicache-operator", "-n", OPERATOR_NS, "--wait", "--timeout", "60s")
         deployment = inst.service_account  # the Deployment, ServiceAccount and ClusterRole share the fullname
         assert _gone(apps.read_namespaced_deployment, deployment, OPERATOR_NS)
@@ -47,5 +55,5 @@ def test_helm_install_reconcile_uninstall_keeps_cache_volumes(tmp_path: Path) ->
         assert _gone(custom.get_namespaced_custom_object, GROUP, VERSION, WORKLOAD_NS, PLURAL, name)
         eventually(lambda: _gone(apps.read_namespaced_stateful_set, name, WORKLOAD_NS))  # owner-reference GC
         kept = {c.metadata.name for c in core.list_namespaced_persistent_volume_claim(WORKLOAD_NS).items}
-        assert kept == set(claims), "helm uninstall must never delete cache volumes"
+        assert kept == {*claims, "qwen-weights"}, "helm uninstall must never delete cache volumes"
         client.ApiextensionsV1Api(api).read_custom_resource_definition(f"{PLURAL}.{GROUP}")  # helm keeps crds/

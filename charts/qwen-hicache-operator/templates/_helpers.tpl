@@ -61,15 +61,15 @@ Shared by the ClusterRole (cluster-wide mode) and every Role (namespace-scoped m
 - apiGroups: ["qwenhicache.io"]
   resources: ["qwenhicacheservers/status"]
   verbs: ["patch"]
-# The serving pods' StatefulSet: read to compare, server-side apply (a PATCH, also when it creates),
-# watched for readiness changes.
+# The serving pods' StatefulSet: read to compare, server-side apply (a PATCH; when the object does not
+# exist yet the API server authorizes it as create too), watched for readiness changes.
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
-  verbs: ["get", "list", "watch", "patch"]
-# The client and headless Services: read to compare, server-side apply (not watched).
+  verbs: ["get", "list", "watch", "create", "patch"]
+# The client and headless Services: read to compare, server-side apply (create + patch, as above).
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "patch"]
+  verbs: ["get", "create", "patch"]
 # Events on the resource (condition transitions, Kopf's handler errors).
 - apiGroups: [""]
   resources: ["events"]
