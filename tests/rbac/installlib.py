@@ -103,7 +103,7 @@ def admin_api(cluster: DevCluster) -> client.ApiClient:
 def install(bed: tuple[DevCluster, SimCluster], values: list[str] | None = None,
             sets: list[str] | None = None) -> Install:  # fmt: skip
     """The workload namespace (with the admin's weights claim), then `helm install` of the chart with these values
-    files and --set strings; the only deviation from the defaults is the shortest resync the chart allows (5 s) so the tests are short."""
+    files and --set strings; the only deviation from the defaults is the shortest resync the chart allows (5 s)."""
     cluster, sim = bed
     api = admin_api(cluster)
     client.CoreV1Api(api).create_namespace({"metadata": {"name": WORKLOAD_NS}})

@@ -37,7 +37,8 @@ def nodes(kube_api: client.ApiClient, namespace: str, tmp_path: Path) -> Iterato
 
 
 def _pod(name: str, image: str, command: list[str], **spec: object) -> dict:
-    container = {"name": "main", "image": image, "command": command, "terminationMessagePolicy": "FallbackToLogsOnError"}
+    container = {"name": "main", "image": image, "command": command,
+                 "terminationMessagePolicy": "FallbackToLogsOnError"}
     return {"metadata": {"name": name}, "spec": {"containers": [container], "terminationGracePeriodSeconds": 2, **spec}}
 
 
@@ -99,7 +100,9 @@ def test_crash_loop_back_off_reports_the_last_message(
     assert "no local stand-in" in nodes.wait_for(pull_error, 30, "ErrImagePull").state.waiting.message
 
 
-def test_lost_node_is_tainted_and_its_pod_evicted(nodes: SimCluster, kube_api: client.ApiClient, namespace: str) -> None:
+def test_lost_node_is_tainted_and_its_pod_evicted(
+    nodes: SimCluster, kube_api: client.ApiClient, namespace: str
+) -> None:
     core = client.CoreV1Api(kube_api)
     target = nodes.node_names[0]
     pod = _pod("victim", "busybox", ["sh", "-c", "sleep 300"], nodeSelector={"kubernetes.io/hostname": target})
