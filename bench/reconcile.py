@@ -19,8 +19,6 @@ import argparse
 import collections
 import concurrent.futures
 import copy
-import inspect
-import json
 import os
 import shutil
 import signal
@@ -48,43 +46,12 @@ EXAMPLE = REPO / "examples" / "qwenhicache.yaml"
 BENCH_AGENT = "qwen-hicache-bench/1"
 MANAGED = "app.kubernetes.io/managed-by=qwen-hicache-operator"
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
-AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: ["RequestReceived"]
-rules:
-  - level: Metadata
-"""
-
-
-class AuditedCluster(DevCluster):
-    """Fallback for a DevCluster without `request_log`: the same API server audit log, switched on here.
-
-    The audit log is the server's own record, so it counts what actually reached the server, from
-    every client, without instrumenting the operator.
-    """
-
-    request_log = True
-
-    @property
-    def audit_log(self) -> Path:
-        return self._dir / "audit.log"
-
-    def _apiserver_cmd(self, apiserver: Path, etcd_port: int, port: int) -> list[str]:
-        policy = self._dir / "bench-audit-policy.yaml"
-        policy.write_text(AUDIT_POLICY)
-        return [
-            *super()._apiserver_cmd(apiserver, etcd_port, port),
-            "--audit-policy-file", str(policy), "--audit-log-path", str(self.audit_log),
-            "--audit-log-maxsize", "0", "--audit-log-mode", "blocking",
-        ]  # fmt: skip
 
 
 def open_cluster() -> tuple[DevCluster, str]:
-    """A DevCluster logging every request: its own `request_log=True` when it has one, else the fallback."""
+    """A real control plane logging every request to the API server's audit log."""
     quiet = lambda msg: None  # noqa: E731 - DevCluster's chatter would break the table
-    if "request_log" in inspect.signature(DevCluster.__init__).parameters:
-        return DevCluster(request_log=True, log=quiet), "DevCluster(request_log=True).requests()"
-    return AuditedCluster(log=quiet), "API server audit log (bench fallback)"
+    return DevCluster(request_log=True, log=quiet), "kube-apiserver audit log, DevCluster(request_log=True)"
 
 
 @dataclass(frozen=True)
@@ -110,22 +77,10 @@ def server_requests(cluster: DevCluster) -> list[Request]:
 
     The log is append-only, so `len()` of this list at a moment marks that moment: windows are slices.
     """
-    if not isinstance(cluster, AuditedCluster):
-        return [
-            Request(r["verb"], r["userAgent"], r["resource"] + (f"/{r['subresource']}" if r["subresource"] else ""))
-            for r in cluster.requests()  # type: ignore[attr-defined]
-        ]
-    seen: dict[str, Request] = {}
-    with cluster.audit_log.open() as f:
-        for line in f:
-            try:
-                ev = json.loads(line)
-            except json.JSONDecodeError:  # a line being written right now
-                continue
-            ref = ev.get("objectRef") or {}
-            resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-            seen.setdefault(ev["auditID"], Request(ev["verb"], ev.get("userAgent", ""), resource))
-    return list(seen.values())
+    return [
+        Request(r["verb"], r["userAgent"], r["resource"] + (f"/{r['subresource']}" if r["subresource"] else ""))
+        for r in cluster.requests()
+    ]
 
 
 def bench_client(kubeconfig: Path, pool: int) -> client.ApiClient:

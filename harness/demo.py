@@ -1,9 +1,11 @@
-"""`make demo` (`python -m harness.demo`): the whole flow on one machine, against a real (local) Kubernetes API server.
+"""`make demo` (`python -m harness.demo`): the whole flow on one machine, on a real Kubernetes control plane.
 
-Real: the API server (Kubernetes 1.36 apiextensions code, etcd), CRD validation/defaulting, the operator
-(Kopf, server-side apply, status, events, the rollout), kubectl, the cache-guard and preStop scripts, and the
-disk tier's file code (SGLang's own HiCacheFile, patched). Simulated by `harness.sim`: the kubelet and
-StatefulSet controller, and the engine (a GPU-free stand-in speaking the runtime's HTTP contract).
+Real: Kubernetes 1.36.3 (kube-apiserver with RBAC and the default admission chain, kube-controller-manager with
+the StatefulSet, garbage-collector, PV, endpoint and node-lifecycle controllers, kube-scheduler) and etcd 3.6.8,
+the operator (Kopf, server-side apply, status, events, the rollout), kubectl, the cache-guard and preStop
+scripts, and the disk tier's file code (SGLang's own HiCacheFile, patched). Simulated by `harness.sim`: the
+kubelet (nodes, pods as local processes) and the volume provisioner, and the engine (a GPU-free stand-in
+speaking the runtime's HTTP contract).
 """
 
 from __future__ import annotations
@@ -92,12 +94,12 @@ def describe_children(api: client.ApiClient, ns: str, name: str) -> str:
     return "\n".join(lines)
 
 
-def kubectl_get(kubeconfig: Path, ns: str) -> str:
-    """`kubectl get qhc` with the real kubectl binary, to show the printer columns."""
+def kubectl_get(kubeconfig: Path, ns: str, what: str = "qhc") -> str:
+    """`kubectl get <what>` with the real kubectl binary (for qhc: the printer columns)."""
     from harness.devcluster import ensure_kubectl
 
     out = subprocess.run(
-        [str(ensure_kubectl(log=say)), "--kubeconfig", str(kubeconfig), "-n", ns, "get", "qhc", "-o", "wide"],
+        [str(ensure_kubectl(log=say)), "--kubeconfig", str(kubeconfig), "-n", ns, "get", what, "-o", "wide"],
         capture_output=True, text=True, timeout=60,
     )
     return out.stdout + out.stderr
@@ -151,26 +153,32 @@ def run_demo(example: Path, keep_seconds: float = 0) -> int:
 
     doc = yaml.safe_load(example.read_text())
     ns, name = doc["metadata"].get("namespace", "default"), doc["metadata"]["name"]
-    say("starting a local Kubernetes API server (the first run builds it: a few minutes)")
+    say("starting a real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler;"
+        " the first run builds them from the Go module proxy: a few minutes)")
     with DevCluster(log=say) as cluster, tempfile.TemporaryDirectory(prefix="qwen-hicache-demo-") as work:
         os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
         api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-        say(f"API server at {cluster.server}; installing the CRD")
+        say(f"control plane at {cluster.server} (up in {cluster.startup_seconds:.1f}s); installing the CRD")
         install_crd(api)
-        say(f"starting the operator ({MANAGER}, Kopf, standalone)")
-        with operator_thread():
-            say(f"applying {example}")
-            apply_resource(api, doc)
-            obj = wait_for_status(api, ns, name)
-            say("what the operator created:")
-            print(describe_children(api, ns, name))
-            say("kubectl get qhc -o wide:")
-            print(kubectl_get(cluster.kubeconfig, ns))
-            say("status:")
-            print(yaml.safe_dump(obj["status"], sort_keys=False, width=120))
-            say("starting the GPU-free harness (simulated kubelet + StatefulSet controller + engine stand-ins "
-                "with the real SGLang HiCacheFile disk tier); volumes under " + work)
-            with SimCluster(api, Path(work) / "volumes", ns, log=lambda m: None) as sim:
+        say("registering two simulated 8-GPU nodes (kubelet stand-ins running the engine stand-in with the real "
+            "SGLang HiCacheFile disk tier) and the volume provisioner; volumes under " + work)
+        with SimCluster(api, Path(work) / "volumes", ns, log=lambda m: None) as sim:
+            sim.weights_claim(ns)
+            say(f"starting the operator ({MANAGER}, Kopf, standalone)")
+            with operator_thread():
+                say(f"applying {example}")
+                apply_resource(api, doc)
+                obj = wait_for_status(api, ns, name)
+                say("what the operator created:")
+                print(describe_children(api, ns, name))
+                sim.wait_ready(ns, name, doc["spec"].get("replicas", 1), timeout=180)
+                say("kubectl get nodes,pods,pvc -o wide (scheduled by the real scheduler, claims bound by the real "
+                    "PV controller):")
+                print(kubectl_get(cluster.kubeconfig, ns, "nodes,pods,pvc"))
+                say("kubectl get qhc -o wide:")
+                print(kubectl_get(cluster.kubeconfig, ns))
+                say("status:")
+                print(yaml.safe_dump(obj["status"], sort_keys=False, width=120))
                 obj = warm_rolling_restart(api, sim, ns, name, doc["spec"].get("replicas", 1))
                 report_restart(obj, sim, ns)
                 say("kubectl get qhc -o wide:")
@@ -181,7 +189,7 @@ def run_demo(example: Path, keep_seconds: float = 0) -> int:
                 if keep_seconds:
                     say(f"keeping the cluster up for {keep_seconds:.0f}s (KUBECONFIG={cluster.kubeconfig})")
                     time.sleep(keep_seconds)
-    say("done: the API server, etcd, the harness and the operator have stopped")
+    say("done: the control plane, etcd, the node stand-ins and the operator have stopped")
     return 0
 
 
