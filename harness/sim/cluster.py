@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import random
+import signal
 import socket
 import threading
 import time
@@ -173,7 +174,7 @@ class SimCluster:
         self.nodes.lose(node)
         gone = [p for p in list(self.pods.values()) if p.node == node]
         for pod in gone:
-            self._kill(pod)
+            self._kill(pod, crash=True)
         return [p.name for p in gone]
 
     def weights_claim(self, namespace: str, name: str = "qwen-weights", size: str = "200Gi") -> None:
@@ -437,10 +438,11 @@ class SimCluster:
         self._ips.release(pod.procs.ip)
         self.pods.pop((pod.namespace, pod.name), None)
 
-    def _kill(self, pod: LivePod) -> None:
+    def _kill(self, pod: LivePod, crash: bool = False) -> None:
+        """Machine switched off (SIGTERM, 5 s) or crashed (`crash`: SIGKILL at once, nothing drains)."""
         if pod.starter:
             pod.starter.join(timeout=30)
-        code, _ = pod.procs.stop_engine(5)
+        code, _ = pod.procs.stop_engine(0 if crash else 5, signal.SIGKILL if crash else signal.SIGTERM)
         if code is not None:
             pod.record.exit_codes.append(code)
         self._ips.release(pod.procs.ip)

@@ -294,11 +294,11 @@ class PodProcesses:
         argv = [self.paths(self.container)(expand(a, env)) for a in command]
         return self.spawner.run(argv, timeout=grace, env={**self._base_env(), **env}, cwd=self.run_dir)
 
-    def stop_engine(self, grace: float) -> tuple[int | None, bool]:
-        """SIGTERM every container, wait up to ``grace``, then SIGKILL; (main exit code, main killed?)."""
+    def stop_engine(self, grace: float, sig: int = signal.SIGTERM) -> tuple[int | None, bool]:
+        """`sig` (SIGTERM) to every container, wait up to ``grace``, then SIGKILL; (main exit code, main killed?)."""
         for proc in self.procs.values():
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+                kill_group(proc, sig) if sig == signal.SIGKILL else proc.send_signal(sig)
         deadline, result = time.monotonic() + max(grace, 0.1), (None, False)
         for name, proc in self.procs.items():
             try:

@@ -27,6 +27,11 @@ def _generate(sim: Any, ns: str, pod: str) -> dict:
         return json.loads(r.read())["meta_info"]["cached_tokens_details"]
 
 
+def _info(sim: Any, ns: str, pod: str) -> dict:
+    with urllib.request.urlopen(f"http://{sim.pod_ip(ns, pod)}:30000/sim/info", timeout=10) as r:
+        return json.loads(r.read())
+
+
 def _node_of(core: client.CoreV1Api, ns: str, pod: str) -> str:
     return core.read_namespaced_pod(pod, ns).spec.node_name
 
@@ -74,8 +79,9 @@ def test_lost_node_is_tainted_evicted_and_recovered_after_the_node_is_deleted(
     _up(custom, sim, namespace, 2)
     pod = f"{NAME}-0"
     _warm_prefix_on_disk(sim, namespace, pod)
+    eventually(lambda: _info(sim, namespace, pod)["pending_writes"] == 0, timeout=30)  # write-through on disk
     node = _node_of(core, namespace, pod)
-    assert pod in sim.lose_node(node)
+    assert pod in sim.lose_node(node)  # a crash: SIGKILL, nothing drains
 
     def unreachable() -> bool:
         taints = core.read_node(node).spec.taints or []
