@@ -50,12 +50,16 @@ class Geometry(ApiModel):
     mamba_ssm_dtype: SsmDtypeName | None = None
     """The checkpoint's SSM state dtype (`mamba_ssm_dtype`), used when `runtime.mambaSsmDtype` is unset."""
     mtp_layers: NonNegative | None = None
-    """MTP draft layers with full attention; with speculative decoding their KV is packed into host KV."""
+    """MTP layers the checkpoint declares (`mtp_num_hidden_layers`). Informational for sizing: with speculative
+    decoding sglang 0.5.23 loads exactly one MTP draft layer for every supported model type, declared or not
+    (`srt/configs/model_config.py:1133-1181`), and packs its KV into the host KV pool."""
     mtp_linear_layers: NonNegative | None = None
-    """MTP draft layers with their own GDN state packed into the Mamba host slot (0 when drafts keep none)."""
-    mtp_verify_ssm_snapshots: bool | None = None
-    """Whether MTP verify keeps per-draft-token SSM snapshots on the GPU (runtime default true). They weigh in
-    the runtime's KV:Mamba split of `--hicache-size`; false for runtimes that skip them (ReplaySSM spec)."""
+    """MTP draft layers with their own GDN state packed into the Mamba host slot (0 for every supported model
+    type: their draft keeps no Mamba pool)."""
+    checkpoint_kv_fp8: bool | None = None
+    """Whether the checkpoint's `quantization_config` declares `kv_cache_quant_algo: FP8`; then
+    `kvCacheDtype: auto` means FP8 E4M3 KV (`srt/mem_cache/kv_cache_dtype.py:47-55`), otherwise the model dtype.
+    Unknown (unset) with `auto` is sized as bf16 and said so in `status.sizing.notes`."""
     qsa_index_kv_heads: NonNegative | None = None
     """QSA indexer key heads (`indexer_kv_heads`, replicated on every rank; 0 when the model has no QSA)."""
     qsa_index_head_dim: NonNegative | None = None
@@ -99,7 +103,6 @@ REQUIRED = (
 DEFAULTS: dict[str, Any] = {
     "mtp_layers": 0,
     "mtp_linear_layers": 0,
-    "mtp_verify_ssm_snapshots": True,
     "qsa_index_kv_heads": 0,
     "qsa_index_head_dim": 0,
     "qsa_compress_ratio": 0,
@@ -126,6 +129,20 @@ def _load_profiles() -> dict[str, Geometry]:
 
 
 PROFILES: dict[str, Geometry] = _load_profiles()
+
+
+def profile_fields_merged(model_spec: Any) -> list[str]:
+    """Fields an explicit `model.geometry` leaves unset and takes from the profile (the CRD defaults
+    `model.profile`, so a partial geometry silently inherits the Flash-Next shapes): status says which."""
+    profile, explicit = getattr(model_spec, "profile", None), getattr(model_spec, "geometry", None)
+    if profile is None or explicit is None or profile not in PROFILES:
+        return []
+    own = explicit.model_dump(exclude_none=True)
+    return sorted(
+        Geometry.model_fields[name].alias or name
+        for name in PROFILES[profile].model_dump(exclude_none=True)
+        if name not in own
+    )
 
 
 def resolve_geometry(model_spec: Any) -> Geometry:
@@ -204,9 +221,17 @@ def _layer_counts(text: dict[str, Any], model_type: str) -> tuple[int, int]:
     return full, layers - full
 
 
+_NO_QSA = {"qsa_index_kv_heads": 0, "qsa_index_head_dim": 0, "qsa_compress_ratio": 0}
+_NO_PLE = {
+    "ple_short_conv_layers": 0, "ple_channels": 0, "ple_conv_kernel_size": 0, "ngram_size": 0,
+    "ple_table_rows": 0, "ple_table_row_dim": 0, "ple_table_pinned": False,
+}
+"""A config.json states its features completely: absent means none, so nothing is merged from a profile."""
+
+
 def _qsa_fields(text: dict[str, Any]) -> dict[str, int]:
     if text.get("indexer_n_heads") is None:
-        return {}
+        return dict(_NO_QSA)
     return {
         "qsa_index_kv_heads": int(_need(text, "indexer_kv_heads", "qsa")),
         "qsa_index_head_dim": int(_need(text, "indexer_head_dim", "qsa")),
@@ -225,7 +250,7 @@ def _ple_fields(config: dict[str, Any], text: dict[str, Any]) -> dict[str, Any]:
     """PLE side state and table, as `Qwen4ExpTextConfig` and `Qwen4ExpNGramEmbedding` derive them."""
     layer_ids = text.get("ple_layer_ids") or []
     if not layer_ids:
-        return {}
+        return dict(_NO_PLE)
     hidden = int(_need(text, "hidden_size", "qwen4_exp"))
     ngram = int(text.get("ngram_size", 3))
     heads = (ngram - 1) * int(text.get("heads_per_ngram", 8))
@@ -273,6 +298,9 @@ def from_hf_config(config: dict[str, Any]) -> Geometry:
     }
     if text.get("mamba_ssm_dtype") is not None:
         fields["mamba_ssm_dtype"] = text["mamba_ssm_dtype"]
+    quant = config.get("quantization_config") or text.get("quantization_config") or {}
+    algo = quant.get("kv_cache_quant_algo") if isinstance(quant, dict) else None
+    fields["checkpoint_kv_fp8"] = isinstance(algo, str) and algo.upper() == "FP8"
     try:
         return Geometry.model_validate(fields)
     except ValidationError as err:

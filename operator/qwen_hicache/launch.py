@@ -42,6 +42,8 @@ class LaunchSizing:
     """`--hicache-ratio` when no size is set (always passed: unset, the runtime sizes from free RAM)."""
     device_mamba_slots: int | None = None
     """`--max-mamba-cache-size` the sizing assumed (always passed, so the runtime matches the numbers)."""
+    max_running_requests: int | None = None
+    """`--max-running-requests` the sizing assumed (always passed: it sets the Mamba verify-scratch count)."""
     host_bytes_per_rank: int = 0
     """Pinned host pool bytes per rank (what a flush may have to write)."""
 
@@ -67,7 +69,7 @@ def _model_flags(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> list[str]
         "--dtype": rt.dtype,
         "--quantization": rt.quantization,
         "--context-length": rt.context_length,
-        "--max-running-requests": rt.max_running_requests,
+        "--max-running-requests": sizing.max_running_requests or rt.max_running_requests,
         "--mamba-ssm-dtype": rt.mamba_ssm_dtype,
         "--mem-fraction-static": rt.mem_fraction_static,
     }
@@ -109,6 +111,15 @@ def _hicache_flags(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> list[st
     return args
 
 
+MEMORY_FLAGS = frozenset({
+    "--enable-linear-replayssm", "--enable-linear-replayssm-spec", "--linear-replayssm-cache-len",
+    "--mamba-radix-cache-strategy", "--disable-radix-cache", "--disable-overlap-schedule",
+    "--mamba-full-memory-ratio", "--speculative-draft-kv-cache-dtype", "--qsa-indexer-dtype",
+    "--enable-unified-memory", "--hicache-host-memory-fraction", "--max-total-tokens",
+})
+"""Flags that change what the runtime allocates for the host pools or the split weights (Mamba verify scratch,
+slots per request, draft/index dtypes): the operator sizes for their defaults, so extraArgs may not set them."""
+
 OBSERVABILITY = ["--enable-metrics", "--enable-cache-report"]
 ADMIN = ["--admin-api-key", f"$({ADMIN_KEY_ENV})"]
 """The key comes from a Secret through the environment (Kubernetes expands `$(VAR)` in args)."""
@@ -123,7 +134,8 @@ def launch_args(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> list[str]:
 def managed_flags(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> set[str]:
     """Flags the operator sets itself (extra args may not repeat them)."""
     derived = [*_model_flags(spec, sizing), *_hicache_flags(spec, sizing), *OBSERVABILITY, *ADMIN]
-    always = {"--hicache-storage-backend", "--hicache-ratio", "--hicache-size", "--hicache-mamba-host-slots"}
+    always = {"--hicache-storage-backend", "--hicache-ratio", "--hicache-size", "--hicache-mamba-host-slots",
+              *MEMORY_FLAGS}
     return {f for f in (flag_name(a) for a in derived) if f} | always
 
 

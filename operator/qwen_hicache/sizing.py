@@ -1,15 +1,19 @@
 """Host RAM, pod memory, /dev/shm and disk-tier sizing from the model's geometry. Pure: no I/O, no cluster.
 
-The byte accounting follows sglang 0.5.23 (`mem_cache/pool_host/{base,mha,mamba,qsa}.py`,
-`hybrid_cache/hybrid_pool_assembler.py`, `ple_state_pool.py`), per TP rank:
-- host KV bytes/token = (K + V head dims) x KV heads on the rank x (full-attention + packed MTP layers)
-  x KV dtype bytes;
-- QSA index bytes/token = index heads x index dim x 2 (bf16) x (same layers) / compress ratio;
-- Mamba bytes/slot = (conv + SSM) x (GDN layers + packed draft GDN layers) + PLE side states;
-- `--hicache-size H` splits H GB between KV and Mamba in proportion to the device pools' bytes, scales the KV
-  share by kv/(kv+index), then `tokens = int(share * 1e9 // bytes_per_token)` rounded to pages plus one
-  pad page;
-  Mamba slots are `int(share * 1e9 // bytes_per_slot) + 1`.
+Every rule restates sglang 0.5.23 (+ runtime_patches/) and names the file:line it follows (paths inside the
+`sglang` package); `tests/conformance/` executes those very constructors on CPU over a matrix of models, TP
+sizes, host sizes, dtypes and speculative settings and requires the numbers here to agree exactly. Per rank:
+- host KV bytes/token = (K + V head dims) x KV heads on the rank x (full-attention + 1 MTP draft layer)
+  x KV dtype bytes (`mem_cache/pool_host/mha.py`);
+- QSA index bytes/token = index heads x index dim x 2 (bf16) x (same layers) / compress ratio
+  (`mem_cache/pool_host/qsa.py:30-60`);
+- Mamba bytes/slot = (conv + SSM) x GDN layers + PLE side states (`mem_cache/pool_host/mamba.py:120-162`);
+- `--hicache-size H` splits H GB between KV and Mamba in proportion to the device pools' bytes (target KV
+  buffers vs the whole Mamba state incl. speculative verify scratch), scales the KV share by
+  kv / (kv + compressed keys of target and draft), then `tokens = int(share * 1e9 // bytes_per_token)`
+  rounded to pages plus one pad page; Mamba slots are `int(share * 1e9 // bytes_per_slot) + 1`
+  (`mem_cache/hybrid_cache/hybrid_pool_assembler.py:239-264,1324-1339`, `mem_cache/pool_host/base.py:219-234`,
+  `mem_cache/pool_host/mamba.py:164-176`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from .geometry import Geometry, GeometryError, resolve_geometry
+from .geometry import Geometry, GeometryError, profile_fields_merged, resolve_geometry
 from .launch import LaunchSizing
 from .spec import QwenHiCacheServerSpec
 
@@ -45,11 +49,24 @@ SHM_BYTES_PER_RANK = 2 * GIB
 DISK_HEADROOM_FRACTION = Fraction(1, 10)
 """Volume share kept free: filesystem metadata and reserved blocks, stale `.tmp` files the file backend never
 cleans, and the LRU evictor's overshoot between scans."""
-DEFAULT_MAMBA_SLOTS_PER_REQUEST = 2
 DEFAULT_REQUESTS = 128
+"""`--max-running-requests` the operator renders when the spec leaves it unset (the runtime's own estimate needs
+the profiled token capacity and the context length, `mem_cache/kv_cache_configurator.py:3123-3132`)."""
 DEFAULT_MEM_FRACTION = 0.88
+MAMBA_SLOTS_PER_REQUEST = 3
+"""`MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO` (`mem_cache/kv_cache_configurator.py:227`)."""
+MAMBA_TRACKING_SLOTS = 2
+"""Extra slots per request of the `extra_buffer` strategy with the overlap scheduler
+(`mem_cache/allocation_sizing.py:11-19`, `mem_cache/kv_cache_configurator.py:3062-3088`); `auto` resolves to
+`extra_buffer` for every supported model on CUDA (`arg_groups/mamba_hook.py`)."""
+DRAFT_LAYERS = 1
+"""MTP draft layers the runtime loads with speculative decoding, whatever `config.json` declares: NEXTN/EAGLE
+on qwen3_next, qwen3_5 and qwen4_exp rewrite the draft to one MTP layer (`configs/model_config.py:1133-1181`)."""
+FORCED_PAGE_SIZE_QSA = 64
+"""qwen4_exp with a compressed QSA indexer: `_qwen4_exp_overrides` sets `page_size=64` whatever is passed
+(`arg_groups/model_overrides/qwen4_exp.py:100-107`)."""
 
-KV_DTYPE_BYTES = {"auto": 2, "bf16": 2, "bfloat16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
+KV_DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
 SSM_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 CONV_DTYPE_BYTES = 2
 INDEX_DTYPE_BYTES = 2
@@ -76,7 +93,11 @@ class RankShapes:
     kv_bytes_per_token_target: int
     """Device KV of the target's full-attention layers only (what `_split_hicache_size` weighs)."""
     kv_bytes_per_token: int
-    """Host KV: target + packed MTP draft layers."""
+    """Host KV: target + the packed MTP draft layer."""
+    draft_layers: int
+    """MTP draft layers packed into the host KV and index pools (1 with speculative decoding, else 0)."""
+    index_bytes_per_row: int
+    """One compressed QSA key of one layer: index heads x index dim x bf16 (0 without QSA)."""
     index_bytes_per_page: int
     """QSA compressed keys of one page, all indexer layers (0 without QSA)."""
     conv_bytes_per_layer: int
@@ -110,35 +131,45 @@ def _gdn_per_layer(g: Geometry, tp: int, ssm_bytes: int) -> tuple[int, int]:
 
 
 def _ple_bytes(g: Geometry) -> int:
-    """PLE short-conv window rows (channels x (kernel-1) x ngram, bf16) + n-gram context (int64), per slot."""
+    """PLE short-conv window rows (channels x (kernel-1) x ngram, bf16) + n-gram context (int64), per slot
+    (`mem_cache/ple_state_pool.py`, registered as Mamba slot siblings)."""
     if not g.ple_short_conv_layers:
         return 0
     window = g.ple_channels * (g.ple_conv_kernel_size - 1) * g.ngram_size * PLE_STATE_DTYPE_BYTES
     return g.ple_short_conv_layers * window + max(g.ngram_size - 1, 0) * NGRAM_ID_BYTES
 
 
+def check_page_size(g: Geometry, page_size: int) -> None:
+    """A page size the runtime would replace or refuse is an error, not a silent mismatch."""
+    if not g.qsa_compress_ratio:
+        return
+    if page_size != FORCED_PAGE_SIZE_QSA:
+        raise SizingError(
+            f"pageSize {page_size} is not what the runtime uses: for a model with a compressed QSA indexer "
+            f"(qwen4_exp) sglang 0.5.23 forces --page-size {FORCED_PAGE_SIZE_QSA} "
+            "(arg_groups/model_overrides/qwen4_exp.py:100-107), so the cache would be sized for pages that "
+            f"never exist; set runtime.pageSize: {FORCED_PAGE_SIZE_QSA}"
+        )
+
+
 def rank_shapes(g: Geometry, tp: int, kv_dtype: str, ssm_dtype: str, mtp: bool, page_size: int) -> RankShapes:
     """Per-rank byte shapes for one geometry and runtime configuration."""
+    check_page_size(g, page_size)
     kv_per_layer = (
         (g.head_dim + (g.v_head_dim or g.head_dim)) * _kv_heads_on_rank(g, tp) * KV_DTYPE_BYTES[kv_dtype]
     )
-    kv_layers = g.full_attention_layers + (g.mtp_layers if mtp else 0)
-    index_page = 0
-    if g.qsa_compress_ratio:
-        if page_size % g.qsa_compress_ratio:
-            raise SizingError(
-                f"pageSize {page_size} is not a multiple of the QSA compress ratio {g.qsa_compress_ratio}: "
-                "the runtime refuses it ('QSA HiCache pages must be divisible by the compress ratio'); "
-                f"use a pageSize that is a multiple of {g.qsa_compress_ratio} (64 for the file tier)"
-            )
-        row = g.qsa_index_kv_heads * g.qsa_index_head_dim * INDEX_DTYPE_BYTES
-        index_page = kv_layers * row * (page_size // g.qsa_compress_ratio)
+    draft_layers = DRAFT_LAYERS if mtp else 0
+    kv_layers = g.full_attention_layers + draft_layers
+    index_row = g.qsa_index_kv_heads * g.qsa_index_head_dim * INDEX_DTYPE_BYTES if g.qsa_compress_ratio else 0
+    index_page = kv_layers * index_row * (page_size // g.qsa_compress_ratio) if index_row else 0
     conv, ssm = _gdn_per_layer(g, tp, SSM_DTYPE_BYTES[ssm_dtype]) if g.linear_attention_layers else (0, 0)
     gdn_layers = g.linear_attention_layers + (g.mtp_linear_layers if mtp else 0)
     ple = _ple_bytes(g) if g.linear_attention_layers else 0
     return RankShapes(
         kv_bytes_per_token_target=kv_per_layer * g.full_attention_layers,
         kv_bytes_per_token=kv_per_layer * kv_layers,
+        draft_layers=draft_layers,
+        index_bytes_per_row=index_row,
         index_bytes_per_page=index_page,
         conv_bytes_per_layer=conv,
         ssm_bytes_per_layer=ssm,
@@ -158,32 +189,37 @@ class DevicePools:
     kv_tokens_estimated: bool
     mamba_slots: int
     mamba_slots_assumed: bool
-    spec_requests: int
+    requests: int
+    """`--max-running-requests` as rendered."""
+    running_requests: int
+    """What the runtime keeps: min(rendered, tokens // 2, slots // slots-per-request)
+    (`mem_cache/kv_cache_configurator.py:3119-3150`); also the speculative state count."""
+    spec_states: int
+    """Mamba verify-scratch states (`mamba_spec_state_size = max_num_reqs`, kv_cache_configurator.py:1721); 0
+    without speculative decoding."""
     kv_bytes: int
     """Target full-attention KV buffers (size + one pad page), as `get_kv_size_bytes` reports them."""
+    index_bytes: int
+    """Compressed QSA keys of target and draft pools (`qsa_kv_pool.py:173,203-212`)."""
     mamba_bytes: int
-    """Mamba state (slots + 1 pad) plus MTP verify scratch, as `MambaPool.get_kv_size_bytes` reports it."""
+    """Mamba state (slots + 1 pad) plus speculative verify scratch, as `MambaPool.State.mem_usage_bytes()`."""
 
 
-def _mamba_device_bytes(
-    shapes: RankShapes, g: Geometry, slots: int, spec_requests: int, draft_tokens: int
-) -> int:
-    """`MambaPool.mamba_cache.mem_usage_bytes()`: state of slots+1, plus per-draft-token verify scratch
-    (conv windows at their logical size, SSM snapshots unless the runtime skips them)."""
+def _mamba_device_bytes(shapes: RankShapes, g: Geometry, slots: int, spec_states: int, draft_tokens: int) -> int:
+    """`MambaPool.mamba_cache.mem_usage_bytes()` (`mem_cache/memory_pool.py:555-561`): conv and SSM state of
+    slots+1 (`memory_pool.py:807-845`), plus, with speculative decoding, per draft token and state an SSM
+    snapshot and a conv window of (spec_states+1) rows (`memory_pool.py:864-960`; the SSM snapshot is skipped
+    only under `--enable-linear-replayssm-spec`, which the operator never renders and refuses in extraArgs)."""
     per_layer = shapes.conv_bytes_per_layer + shapes.ssm_bytes_per_layer
     state = (slots + 1) * per_layer * g.linear_attention_layers
     if not draft_tokens:
         return state
-    scratch_layer = shapes.conv_bytes_per_layer + (
-        shapes.ssm_bytes_per_layer if g.mtp_verify_ssm_snapshots else 0
-    )
-    return state + (spec_requests + 1) * draft_tokens * scratch_layer * g.linear_attention_layers
+    return state + (spec_states + 1) * draft_tokens * per_layer * g.linear_attention_layers
 
 
-def _estimate_kv_tokens(
-    spec: QwenHiCacheServerSpec, g: Geometry, shapes: RankShapes, mamba_bytes: int
-) -> int:
-    """Device KV tokens from GPU memory x memFractionStatic - weights - Mamba (no runtime log given)."""
+def _estimate_kv_tokens(spec: QwenHiCacheServerSpec, g: Geometry, shapes: RankShapes, mamba_bytes: int) -> int:
+    """Device KV tokens from GPU memory x memFractionStatic - weights - Mamba (no runtime log given). An
+    estimate: the runtime profiles free GPU memory, which cannot be run here."""
     if g.gpu_weight_bytes is None:
         raise SizingError(
             "cannot estimate the device KV pool: set hicache.deviceKVTokens (the runtime logs '#tokens' at "
@@ -203,25 +239,50 @@ def _estimate_kv_tokens(
     return tokens
 
 
+def mamba_slots_per_request() -> int:
+    """Device Mamba slots one running request needs with the flags the operator renders (radix cache on,
+    overlap scheduler on, `mamba_radix_cache_strategy` auto = extra_buffer)."""
+    return MAMBA_SLOTS_PER_REQUEST + MAMBA_TRACKING_SLOTS
+
+
+def device_mamba_slots(spec: QwenHiCacheServerSpec) -> int:
+    """`--max-mamba-cache-size` the operator renders: the spec's, else enough for every requested request."""
+    rt = spec.runtime
+    return rt.max_mamba_cache_size or (rt.max_running_requests or DEFAULT_REQUESTS) * mamba_slots_per_request()
+
+
 def device_pools(spec: QwenHiCacheServerSpec, g: Geometry, shapes: RankShapes) -> DevicePools:
     """Device pools per rank: explicit where the spec says so, otherwise estimated and flagged."""
     rt = spec.runtime
     requests = rt.max_running_requests or DEFAULT_REQUESTS
-    slots = rt.max_mamba_cache_size or requests * DEFAULT_MAMBA_SLOTS_PER_REQUEST
-    spec_requests = min(requests, slots)
+    slots = device_mamba_slots(spec)
     draft_tokens = rt.speculative.num_draft_tokens if rt.speculative else 0
-    mamba_bytes = (
-        _mamba_device_bytes(shapes, g, slots, spec_requests, draft_tokens) if g.linear_attention_layers else 0
-    )
-    tokens = spec.hicache.device_kv_tokens or _estimate_kv_tokens(spec, g, shapes, mamba_bytes)
+
+    def running(tokens: int) -> int:
+        capped = min(requests, tokens // 2)
+        return min(capped, slots // mamba_slots_per_request()) if g.linear_attention_layers else capped
+
+    def mamba_bytes(tokens: int) -> int:
+        states = running(tokens) if draft_tokens else 0
+        return _mamba_device_bytes(shapes, g, slots, states, draft_tokens) if g.linear_attention_layers else 0
+
+    tokens = spec.hicache.device_kv_tokens
+    if tokens is None:  # the estimate needs the Mamba bytes, which depend on the tokens only through a cap
+        tokens = _estimate_kv_tokens(spec, g, shapes, mamba_bytes(1 << 40))
+    spec_states = running(tokens) if draft_tokens else 0
+    padded = tokens + rt.page_size
+    index_rows = -(-padded // g.qsa_compress_ratio) if g.qsa_compress_ratio else 0
     return DevicePools(
         kv_tokens=tokens,
         kv_tokens_estimated=spec.hicache.device_kv_tokens is None,
-        mamba_slots=slots,
+        mamba_slots=slots if g.linear_attention_layers else 0,
         mamba_slots_assumed=rt.max_mamba_cache_size is None,
-        spec_requests=spec_requests,
-        kv_bytes=(tokens + rt.page_size) * shapes.kv_bytes_per_token_target,
-        mamba_bytes=mamba_bytes,
+        requests=requests,
+        running_requests=running(tokens),
+        spec_states=spec_states,
+        kv_bytes=padded * shapes.kv_bytes_per_token_target,
+        index_bytes=index_rows * shapes.index_bytes_per_row * (g.full_attention_layers + shapes.draft_layers),
+        mamba_bytes=mamba_bytes(tokens),
     )
 
 
@@ -244,26 +305,29 @@ class HostPools:
     def total_bytes(self) -> int:
         return self.kv_bytes + self.index_bytes + self.mamba_bytes
 
+    def pool_bytes(self) -> tuple[int, ...]:
+        """Pools in the order a rank builds them: KV, Mamba, QSA indexer (`hybrid_pool_assembler.py:1340-1395`)."""
+        return tuple(b for b in (self.kv_bytes, self.mamba_bytes, self.index_bytes) if b)
+
 
 def _pages_plus_pad(tokens: int, page_size: int) -> int:
-    """`HostKVCache.__init__`: whole pages plus one padding page."""
+    """`HostKVCache.__init__` (`pool_host/base.py:231-234`): whole pages plus one padding page."""
     return (tokens // page_size + 1) * page_size
 
 
-def _size_split(size_gb: int, dev: DevicePools, shapes: RankShapes, page_size: int,
-                explicit_slots: bool = False) -> tuple[int, int]:
-    """(KV tokens, Mamba slots) from `--hicache-size`: split by device bytes, KV share scaled for index.
-    With `--hicache-mamba-host-slots` (series patch 0002) the whole size goes to the KV-side pools."""
-    mamba_bytes = 0 if explicit_slots else dev.mamba_bytes
-    total = dev.kv_bytes + mamba_bytes
-    kv_share = size_gb * dev.kv_bytes / total
-    mamba_share = size_gb * mamba_bytes / total
-    index_per_token = shapes.index_bytes_per_page / page_size
-    if index_per_token:
-        kv_share *= shapes.kv_bytes_per_token / (shapes.kv_bytes_per_token + index_per_token)
-    tokens = _pages_plus_pad(int(kv_share * 1e9 // shapes.kv_bytes_per_token), page_size)
-    slots = int(mamba_share * 1e9 // shapes.mamba_bytes_per_slot) + 1 if dev.mamba_bytes else 0
-    return tokens, slots
+def _size_split(size_gb: int, dev: DevicePools, explicit_slots: bool) -> tuple[float, float]:
+    """(KV GB, Mamba GB) of `--hicache-size`, in the runtime's own float order: `_split_hicache_size` weighs
+    the target KV buffers against the Mamba state (`hybrid_pool_assembler.py:239-254`); with
+    `--hicache-mamba-host-slots` (series patch 0002) the KV side takes all (`hybrid_pool_assembler.py:257-263`);
+    for QSA the KV share is scaled by kv / (kv + compressed keys of target and draft) (`:1324-1332`)."""
+    if explicit_slots or not dev.mamba_bytes:
+        kv_share, mamba_share = size_gb * dev.kv_bytes / dev.kv_bytes, 0.0
+    else:
+        total = dev.kv_bytes + dev.mamba_bytes
+        kv_share, mamba_share = size_gb * dev.kv_bytes / total, size_gb * dev.mamba_bytes / total
+    if dev.index_bytes:
+        kv_share *= dev.kv_bytes / (dev.kv_bytes + dev.index_bytes)
+    return kv_share, mamba_share
 
 
 def _host_size_gb(spec: QwenHiCacheServerSpec) -> int | None:
@@ -288,7 +352,10 @@ def host_pools(spec: QwenHiCacheServerSpec, dev: DevicePools, shapes: RankShapes
     ratio = None
     explicit = spec.hicache.host_mamba_slots_per_rank
     if size_gb is not None:
-        tokens, slots = _size_split(size_gb, dev, shapes, page, explicit_slots=bool(explicit))
+        kv_share, mamba_share = _size_split(size_gb, dev, bool(explicit))
+        tokens = _pages_plus_pad(int(kv_share * 1e9 // shapes.kv_bytes_per_token), page)
+        # MambaPoolHost: size from its share, then page_num = size // 1 + 1 (pool_host/mamba.py:164-176)
+        slots = int(mamba_share * 1e9 // shapes.mamba_bytes_per_slot) + 1 if dev.mamba_bytes else 0
     else:
         ratio = spec.hicache.host_ratio or DEFAULT_HICACHE_RATIO
         tokens = _pages_plus_pad(int(dev.kv_tokens * ratio), page)
@@ -330,6 +397,17 @@ def ple_table_bytes(g: Geometry) -> int:
     return math.ceil(g.ple_table_rows * g.ple_table_row_dim * PLE_TABLE_BYTES_PER_ELEMENT[g.ple_table_dtype])
 
 
+def rank_budget_bytes(tp: int, host: HostPools) -> int:
+    """Memory beyond all ranks' pools that the per-pool check needs in the worst build order: the last rank,
+    building pool j after its earlier pools, sees the others' pools resident and must find tp x pool j free
+    (`host_memory_budget_bytes` = (available - 10 GiB) // ranks per host). Zero at TP1."""
+    need, before = 0, 0
+    for pool in host.pool_bytes():
+        need = max(need, (tp - 1) * host.total_bytes + before + tp * pool)
+        before += pool
+    return max(need - tp * host.total_bytes, 0)
+
+
 def memory_terms(tp: int, host: HostPools, g: Geometry, shm: int) -> list[Term]:
     """Every term of the pod memory limit, with why it must be there."""
     terms = [
@@ -342,7 +420,14 @@ def memory_terms(tp: int, host: HostPools, g: Geometry, shm: int) -> list[Term]:
             "runtimeReserve",
             RUNTIME_RESERVE_BYTES,
             "the runtime refuses to allocate host pools unless 10 GiB of the cgroup stays free "
-            "('Not enough host memory available')",
+            "('Not enough host memory available', pool_host/base.py:28,84-111)",
+        ),
+        Term(
+            "rankBudgetCheck",
+            rank_budget_bytes(tp, host),
+            "each rank checks each pool against (free - 10 GiB) / ranks per host while the other ranks may "
+            "already hold theirs (pool_host/base.py:84-111,247-257, pool_host/mamba.py:188-197): room for the "
+            "worst rank order",
         ),
         Term("pleTable", ple_table_bytes(g), "the PLE n-gram table in pinned host RAM, all ranks' shards"),
         Term(
@@ -497,6 +582,7 @@ class Sizing:
             disk_volume_bytes=self.disk.volume_bytes,
             host_ratio=self.host.hicache_ratio or DEFAULT_HICACHE_RATIO,
             device_mamba_slots=self.device.mamba_slots or None,
+            max_running_requests=self.device.requests,
             host_bytes_per_rank=self.host.total_bytes,
         )
 
@@ -516,6 +602,9 @@ class Sizing:
             "deviceMambaSlotsAssumed": dev.mamba_slots_assumed,
             "deviceKVBytesPerRank": dev.kv_bytes,
             "deviceMambaBytesPerRank": dev.mamba_bytes,
+            "deviceIndexBytesPerRank": dev.index_bytes,
+            "runningRequests": dev.running_requests,
+            "mambaSpecStates": dev.spec_states,
             "hicacheSizeGB": host.hicache_size_gb,
             "hicacheRatio": host.hicache_ratio,
             "hostKVTokensPerRank": host.kv_tokens,
@@ -569,14 +658,52 @@ def _gib(n: int) -> str:
     return f"{n / GIB:,.1f} GiB"
 
 
+def resolve_kv_dtype(requested: str, g: Geometry) -> str:
+    """`auto` as `configure_kv_cache_dtype` resolves it (`mem_cache/kv_cache_dtype.py:47-55`): FP8 E4M3 when the
+    checkpoint declares `kv_cache_quant_algo: FP8`, else the model dtype (bf16 for every supported model)."""
+    if requested != "auto":
+        return requested
+    return "fp8_e4m3" if g.checkpoint_kv_fp8 else "bf16"
+
+
+def _input_notes(spec: QwenHiCacheServerSpec, g: Geometry) -> list[str]:
+    """Inputs the runtime treats differently from how they read: said in status, never silent."""
+    notes = []
+    merged = profile_fields_merged(spec.model)
+    if merged:
+        notes.append(
+            f"model.geometry is merged onto profile {spec.model.profile!r} (the default unless model.profile is "
+            f"set): {', '.join(merged)} come from the profile; set them in model.geometry if the model differs"
+        )
+    if spec.runtime.kv_cache_dtype == "auto":
+        known = g.checkpoint_kv_fp8 is not None
+        resolved = resolve_kv_dtype("auto", g)
+        notes.append(
+            f"kvCacheDtype auto: the runtime uses {resolved} KV"
+            + (" (the checkpoint's quantization_config)" if known else
+               " unless the checkpoint's quantization_config declares kv_cache_quant_algo FP8 (then FP8 E4M3); "
+               "set kvCacheDtype or model.geometry.checkpointKvFp8 to be sure")
+        )
+    return notes
+
+
 def _notes(dev: DevicePools, host: HostPools) -> list[str]:
     notes = []
+    if dev.running_requests < dev.requests:
+        notes.append(
+            f"maxRunningRequests {dev.requests} is capped by the runtime to {dev.running_requests} "
+            f"(min of the request count, device KV tokens / 2 and {dev.mamba_slots} Mamba slots / "
+            f"{mamba_slots_per_request()} per request, mem_cache/kv_cache_configurator.py:3119-3150)"
+        )
     if dev.kv_tokens_estimated:
         notes.append(
             "deviceKVTokens is estimated from gpuMemoryGB; set hicache.deviceKVTokens from the runtime log"
         )
     if dev.mamba_slots_assumed:
-        notes.append(f"runtime.maxMambaCacheSize unset: sized for {dev.mamba_slots} device Mamba slots")
+        notes.append(
+            f"runtime.maxMambaCacheSize unset: the operator renders {dev.mamba_slots} device Mamba slots "
+            f"({mamba_slots_per_request()} per requested request, so the runtime does not cap the requests)"
+        )
     if host.kv_tokens <= dev.kv_tokens:
         notes.append(
             f"host KV ({host.kv_tokens:,} tokens) is not larger than device KV ({dev.kv_tokens:,}): with "
@@ -594,7 +721,8 @@ def compute_sizing(spec: QwenHiCacheServerSpec) -> Sizing:
     rt = spec.runtime
     tp, page = rt.tensor_parallel_size, rt.page_size
     ssm_dtype = rt.mamba_ssm_dtype or g.mamba_ssm_dtype or "float32"
-    shapes = rank_shapes(g, tp, rt.kv_cache_dtype, ssm_dtype, rt.speculative is not None, page)
+    kv_dtype = resolve_kv_dtype(rt.kv_cache_dtype, g)
+    shapes = rank_shapes(g, tp, kv_dtype, ssm_dtype, rt.speculative is not None, page)
     dev = device_pools(spec, g, shapes)
     host = host_pools(spec, dev, shapes)
     shm = shm_bytes(tp)
@@ -617,7 +745,7 @@ def compute_sizing(spec: QwenHiCacheServerSpec) -> Sizing:
         shm,
         disk,
         rt.context_length,
-        notes=_notes(dev, host),
+        notes=[*_input_notes(spec, g), *_notes(dev, host)],
     )
     node_bytes = parse_quantity(node, "runtime.nodeMemory") if node else None
     sizing.problems.extend([*disk.problems, *check_fit(sizing, node_bytes)])
