@@ -73,6 +73,21 @@ class _Controller:
 
 
 hpa.HybridCacheController = _Controller
+SPLITS: list[list[int]] = []
+_split = hpa._split_hicache_size
+
+
+def _recording_split(hicache_size, kv_pools):
+    """The runtime's own split, with the device byte weights it used recorded."""
+    sizes = []
+    for pool in kv_pools:
+        size = getattr(pool, "host_capacity_bytes", None) or pool.get_kv_size_bytes()
+        sizes.append(int(sum(size) if isinstance(size, tuple) else size))
+    SPLITS.append(sizes)
+    return _split(hicache_size, kv_pools)
+
+
+hpa._split_hicache_size = _recording_split
 # A Triton copy-kernel warm-up (reads a stride with .item()); it sizes nothing.
 memory_pool.MHATokenToKVPool._init_kv_copy_and_warmup = lambda self: None
 
@@ -168,8 +183,22 @@ def _device_report(pools, drafts, requests: int) -> dict:
         "mamba_slots": mamba.size,
         "mamba_bytes": mamba.mamba_cache.mem_usage_bytes(),
         "mamba_spec_states": _spec_states(mamba),
+        "mamba_parts": _parts(mamba.mamba_cache),
+        "target_kv": [int(x) for x in kv.host_pool_decls()[0].device_pool.get_kv_size_bytes()],
+        "req_slots": int(pools.req_to_token_pool.req_to_token.shape[0]),
         "draft_kv_bytes": [sum(d.get_kv_size_bytes()) for d in drafts],
     }
+
+
+def _parts(state) -> dict:
+    import dataclasses
+
+    out = {}
+    for f in dataclasses.fields(state):
+        value = getattr(state, f.name)
+        if value is not None:
+            out[f.name] = memory_pool.get_tensor_size_bytes(value)
+    return out
 
 
 def _spec_states(mamba) -> int | None:
@@ -195,6 +224,7 @@ def _build_host(server_args, pools, drafts) -> dict:
         mtp_draft_device_pools=drafts,
     )
     ALLOCATIONS.clear()
+    SPLITS.clear()
     with host_base.host_memory_budget_scope(1 << 62):
         result = hpa._MambaStrategy().build(
             cache=SimpleNamespace(), kvcache=pools.token_to_kv_pool, params=params, server_args=server_args,
@@ -209,6 +239,7 @@ def _build_host(server_args, pools, drafts) -> dict:
         "mamba_slots": mamba.size,
         "mamba_bytes_per_slot": mamba.size_per_token,
         "allocated_bytes": sum(a["bytes"] for a in ALLOCATIONS),
+        "split_weights": list(SPLITS),
         "allocations": list(ALLOCATIONS),
     }
     try:
@@ -222,8 +253,13 @@ def _build_host(server_args, pools, drafts) -> dict:
 
 
 def main() -> None:
+    import os
+
     results = []
+    pristine = dict(os.environ)
     for case in json.loads(CASES.read_text()):
+        os.environ.clear()  # resolution exports flags as env vars (e.g. SGLANG_MAMBA_SSM_DTYPE): one runtime
+        os.environ.update(pristine)  # process serves one configuration, so no case may see another's
         start = time.perf_counter()
         try:
             out = run_case(case)
