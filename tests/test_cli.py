@@ -41,7 +41,7 @@ def test_size_json_has_the_documented_keys_and_the_table_explains_terms() -> Non
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert set(data) >= REQUIRED_SIZING_KEYS
-    assert (data["hostKVTokensPerRank"], data["hostMambaSlotsPerRank"]) == (2_541_440, 371)
+    assert (data["hostKVTokensPerRank"], data["hostMambaSlotsPerRank"]) == (2_143_040, 467)
     table = cli("size", str(EXAMPLE)).stdout
     for term in ("hostPools", "runtimeReserve", "pleTable", "margin", "shmBytes", "diskCapBytesPerRank"):
         assert term in table

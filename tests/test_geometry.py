@@ -7,7 +7,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from qwen_hicache.geometry import PROFILES, Geometry, GeometryError, from_hf_config, resolve_geometry
+from qwen_hicache.geometry import (
+    PROFILES,
+    Geometry,
+    GeometryError,
+    from_hf_config,
+    profile_fields_merged,
+    resolve_geometry,
+)
 
 HF = Path(__file__).parent / "data" / "hf"
 
@@ -20,7 +27,7 @@ def test_flash_next_profile_matches_a_qwen4_exp_config():
     """The shipped profile is what the config reader derives from a Flash-Next-shaped config.json."""
     derived = from_hf_config(hf("qwen4_exp")).model_dump(exclude_none=True)
     profile = PROFILES["qwen3.8-flash-next"].model_dump(exclude_none=True)
-    calibration_only = {"gpu_weight_bytes", "mtp_verify_ssm_snapshots", "v_head_dim"}
+    calibration_only = {"gpu_weight_bytes", "v_head_dim"}
     assert {k: v for k, v in profile.items() if k not in calibration_only} == derived
 
 
@@ -37,7 +44,8 @@ def test_qwen4_exp_ple_and_qsa_follow_the_runtime_config_class():
 def test_qwen3_next_counts_layers_from_the_interval():
     g = from_hf_config(hf("qwen3_next"))
     assert (g.full_attention_layers, g.linear_attention_layers) == (12, 36)
-    assert (g.num_key_value_heads, g.head_dim, g.mtp_layers) == (2, 256, 1)
+    assert (g.num_key_value_heads, g.head_dim) == (2, 256)
+    assert g.mtp_layers == 0  # the real config declares no MTP field; NEXTN still loads one draft layer
     assert (g.linear_num_key_heads, g.linear_num_value_heads) == (16, 32)
     assert not g.qsa_compress_ratio and not g.ple_short_conv_layers
 
@@ -74,6 +82,29 @@ def test_missing_linear_dims_are_named():
         from_hf_config(cfg)
 
 
+def test_a_config_json_states_every_feature_so_nothing_is_merged_from_the_profile():
+    g = from_hf_config(hf("qwen3_next"))
+    own = g.model_dump(exclude_none=True)
+    for absent in ("qsa_index_kv_heads", "qsa_compress_ratio", "ple_short_conv_layers", "ple_table_rows"):
+        assert own[absent] == 0
+    model = SimpleNamespace(profile="qwen3.8-flash-next", geometry=g)
+    assert not resolve_geometry(model).qsa_compress_ratio and not resolve_geometry(model).ple_table_pinned
+
+
+def test_profile_fields_a_partial_geometry_inherits_are_named():
+    model = SimpleNamespace(profile="qwen3.8-flash-next", geometry=Geometry(num_key_value_heads=4))
+    merged = profile_fields_merged(model)
+    assert "qsaCompressRatio" in merged and "numKeyValueHeads" not in merged
+    assert profile_fields_merged(SimpleNamespace(profile=None, geometry=Geometry(num_key_value_heads=4))) == []
+
+
+def test_checkpoint_fp8_kv_is_read_from_the_quantization_config():
+    cfg = hf("qwen4_exp")
+    assert from_hf_config(cfg).checkpoint_kv_fp8 is False
+    cfg["quantization_config"]["kv_cache_quant_algo"] = "FP8"
+    assert from_hf_config(cfg).checkpoint_kv_fp8 is True
+
+
 def test_explicit_geometry_overrides_the_profile_field_by_field():
     model = SimpleNamespace(profile="qwen3.8-flash-next", geometry=Geometry(num_key_value_heads=4))
     g = resolve_geometry(model)
@@ -89,7 +120,7 @@ def test_geometry_without_profile_must_be_complete():
 
 def test_config_derived_geometry_resolves_without_profile_and_defaults_absent_features():
     g = resolve_geometry(SimpleNamespace(profile=None, geometry=from_hf_config(hf("qwen3_next"))))
-    assert g.qsa_compress_ratio == 0 and g.ple_short_conv_layers == 0 and g.mtp_verify_ssm_snapshots is True
+    assert g.qsa_compress_ratio == 0 and g.ple_short_conv_layers == 0
 
 
 def test_partial_qsa_is_refused():

@@ -27,7 +27,7 @@ RUNTIME_SERIES = "0.5.23-qhc.2"
 """`series_version` of runtime_patches/manifest.json that the runtime image carries (a test keeps them equal)."""
 MAMBA_CONV_DTYPE = "bfloat16"
 SIZING_ONLY_GEOMETRY = frozenset({
-    "mtpVerifySsmSnapshots", "pleTableRows", "pleTableRowDim", "pleTableDtype", "pleTablePinned", "gpuWeightBytes",
+    "checkpointKvFp8", "pleTableRows", "pleTableRowDim", "pleTableDtype", "pleTablePinned", "gpuWeightBytes",
 })
 """Geometry fields that size memory but never change the bytes of a stored page."""
 BYTE_AFFECTING_EXTRA_FLAGS = frozenset({
