@@ -1,11 +1,11 @@
-"""Sizing: calibration against the measured Flash-Next run, a matrix against an independent restatement of the
-runtime's pools, pod memory, disk tier, node fit and the errors for input that cannot be sized."""
+"""Sizing: the 0.5.23 figures of the example, each rule that makes the runtime's numbers differ from a naive
+reading of the spec, pod memory, disk tier, node fit and the errors for input that cannot be sized. The values
+themselves are checked against the runtime's own constructors by tests/conformance (a matrix of 100+ cases)."""
 
 from __future__ import annotations
 
 import ast
 import copy
-import itertools
 import json
 import math
 import zipfile
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from qwen_hicache.geometry import from_hf_config
+from qwen_hicache.launch import MEMORY_FLAGS, launch_args, managed_flags
 from qwen_hicache.sizing import GIB, SizingError, check_fit, compute_sizing
 from qwen_hicache.sizing_report import render_table
 from qwen_hicache.spec import QwenHiCacheServerSpec
@@ -22,8 +23,11 @@ ROOT = Path(__file__).parent.parent
 HF = Path(__file__).parent / "data" / "hf"
 WHEEL = Path.home() / ".cache/qwen-hicache/wheels/sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl"
 
-MEASURED_HOST_KV_TOKENS = 2_541_440
-MEASURED_HOST_MAMBA_SLOTS = 371
+RUNTIME_HOST_KV_TOKENS = 2_143_040
+RUNTIME_HOST_MAMBA_SLOTS = 467
+"""What sglang 0.5.23 + runtime_patches allocates for the example (tests/conformance executes it)."""
+ORIGINAL_RUN = (2_541_440, 371)
+"""The measured run of the original change, on another build with its own host-pool patches: history only."""
 
 
 def example() -> dict:
@@ -38,127 +42,104 @@ def within(value: int, target: int, tolerance: float = 0.005) -> bool:
     return abs(value - target) <= tolerance * target
 
 
-# --- an independent restatement of sglang 0.5.23's pools, written as the tensor shapes they allocate --------
+def hf_spec(model: str, tp: int = 2, **runtime) -> dict:
+    raw = example()
+    geometry = from_hf_config(json.loads((HF / model / "config.json").read_text()))
+    raw["model"] = {**raw["model"], "profile": None, "geometry": geometry.wire()}
+    raw["runtime"].pop("mambaSsmDtype")
+    raw["runtime"].update(tensorParallelSize=tp, **runtime)
+    return raw
 
 
-def text_config(cfg: dict) -> dict:
-    return cfg.get("text_config", cfg)
+# --- the example and the rules that changed --------
 
 
-def layer_kinds(t: dict) -> tuple[int, int]:
-    kinds = t.get("layer_types") or [
-        "full_attention" if (i + 1) % t.get("full_attention_interval", 4) == 0 else "linear_attention"
-        for i in range(t["num_hidden_layers"])
-    ]
-    full = sum(k != "linear_attention" for k in kinds)
-    return full, len(kinds) - full
-
-
-def reference(
-    cfg: dict,
-    *,
-    tp,
-    kv_item,
-    ssm_item,
-    mtp,
-    page,
-    size_gb,
-    ratio,
-    dev_tokens,
-    slots,
-    reqs,
-    draft,
-    snapshots=True,
-):
-    """(host KV tokens, host Mamba slots, host bytes) per rank, from shapes as the runtime builds them."""
-    t = text_config(cfg)
-    full, linear = layer_kinds(t)
-    heads = max(1, t["num_key_value_heads"] // tp)
-    hd = t["head_dim"]
-    kv_layers = full + (t.get("mtp_num_hidden_layers", 0) if mtp else 0)
-    # MHATokenToKVPoolHost.get_size_per_token; device k/v buffers: (size + page, heads, head_dim) per layer
-    host_kv_token = (hd + hd) * heads * kv_layers * kv_item
-    dev_kv = 2 * full * math.prod((dev_tokens + page, heads, hd)) * kv_item
-    # Mamba2StateShape.create
-    nk, nv, kd, vd, kern = (
-        t[k]
-        for k in (
-            "linear_num_key_heads",
-            "linear_num_value_heads",
-            "linear_key_head_dim",
-            "linear_value_head_dim",
-            "linear_conv_kernel_dim",
-        )
-    )
-    groups = nk + (tp - nk if nk % tp else 0)
-    conv = ((vd * nv + 2 * groups * kd) // tp, kern - 1)
-    temporal = (nv // tp, vd, kd)
-    # MambaPool: conv/temporal (L, size+1, ...); verify scratch (L, reqs+1, D, ...)
-    dev_mamba = linear * (slots + 1) * (math.prod(conv) * 2 + math.prod(temporal) * ssm_item)
-    if mtp:
-        dev_mamba += linear * (reqs + 1) * draft * math.prod(conv) * 2
-        if snapshots:
-            dev_mamba += linear * (reqs + 1) * draft * math.prod(temporal) * ssm_item
-    # MambaPoolHost.get_size_per_token (+ PLE side-state rows registered on the slot)
-    ple = 0
-    if t.get("ple_layer_ids"):
-        ple = t["hidden_size"] * t["hc_count"] * (t["ple_conv_kernel_size"] - 1) * t["ngram_size"] * 2
-        ple += (t["ngram_size"] - 1) * 8
-    host_slot = (math.prod(conv) * 2 + math.prod(temporal) * ssm_item) * linear + ple
-    # QSAIndexerPoolHost: layers x pages x (row bytes x page / ratio)
-    item = (
-        t["indexer_kv_heads"] * t["indexer_head_dim"] * 2 * page // t["indexer_compress_ratio"]
-        if ("indexer_n_heads" in t)
-        else 0
-    )
-    if size_gb:
-        kv_share = size_gb * dev_kv / (dev_kv + dev_mamba)
-        mamba_share = size_gb * dev_mamba / (dev_kv + dev_mamba)
-        if item:
-            kv_share *= host_kv_token / (host_kv_token + kv_layers * item / page)
-        tokens = (int(kv_share * 1e9 // host_kv_token) // page + 1) * page
-        host_slots = int(mamba_share * 1e9 // host_slot) + 1
-    else:
-        tokens = (int(dev_tokens * ratio) // page + 1) * page
-        host_slots = int(slots * ratio) + 1
-    host_bytes = tokens * host_kv_token + kv_layers * (tokens // page) * item + host_slots * host_slot
-    return tokens, host_slots, host_bytes
-
-
-# --- calibration --------
-
-
-def test_calibration_reproduces_the_measured_flash_next_run():
-    """TP2, FP8 KV, page 64, bf16 SSM, 512 device slots, 4,342,208 GPU tokens, --hicache-size 30."""
+def test_example_is_sized_as_sglang_0_5_23_allocates():
+    """TP2, FP8 KV, page 64, bf16 SSM, 512 device slots, 4,342,208 GPU tokens, --hicache-size 30, NEXTN."""
     s = sized(example())
     assert s.host.hicache_size_gb == 30
-    assert within(s.host.kv_tokens, MEASURED_HOST_KV_TOKENS), s.host.kv_tokens
-    assert within(s.host.mamba_slots, MEASURED_HOST_MAMBA_SLOTS), s.host.mamba_slots
+    assert (s.host.kv_tokens, s.host.mamba_slots) == (RUNTIME_HOST_KV_TOKENS, RUNTIME_HOST_MAMBA_SLOTS)
+    assert (s.host.kv_tokens, s.host.mamba_slots) != ORIGINAL_RUN
 
 
-def test_calibration_is_derived_from_geometry_not_constants():
-    """The same run re-derived by the reference from a Flash-Next config.json; other geometry moves it."""
-    cfg = json.loads((HF / "qwen4_exp" / "config.json").read_text())
-    kw = dict(
-        tp=2,
-        kv_item=1,
-        ssm_item=2,
-        mtp=True,
-        page=64,
-        size_gb=30,
-        ratio=None,
-        dev_tokens=4_342_208,
-        slots=512,
-        reqs=64,
-        draft=4,
-        snapshots=False,
-    )
-    tokens, slots, _ = reference(cfg, **kw)
+def test_split_weighs_ssm_verify_snapshots_and_draft_index_keys():
+    """The Mamba weight counts (spec states + 1) x draft tokens x (conv + SSM) per layer on top of the state;
+    the QSA scaling counts the draft's compressed keys too."""
     s = sized(example())
-    assert (s.host.kv_tokens, s.host.mamba_slots) == (tokens, slots)
+    sh, dev = s.shapes, s.device
+    per_layer = sh.conv_bytes_per_layer + sh.ssm_bytes_per_layer
+    assert dev.spec_states == 64
+    assert dev.mamba_bytes == (512 + 1) * 36 * per_layer + (64 + 1) * 4 * 36 * per_layer
+    rows = -(-(4_342_208 + 64) // 4)
+    assert dev.index_bytes == rows * 128 * 2 * (12 + 1)
+    no_mtp = example()
+    del no_mtp["runtime"]["speculative"]
+    plain = sized(no_mtp)
+    assert plain.device.mamba_bytes == (512 + 1) * 36 * per_layer and plain.device.spec_states == 0
+    assert plain.host.mamba_slots < s.host.mamba_slots  # the verify scratch weighs in the split
+
+
+def test_nextn_packs_one_draft_layer_whatever_the_config_declares():
+    """Qwen3-Next's real config has no MTP field; the runtime still loads one MTP layer."""
+    with_mtp = sized(hf_spec("qwen3_next", kvCacheDtype="bf16"))
+    raw = hf_spec("qwen3_next", kvCacheDtype="bf16")
+    del raw["runtime"]["speculative"]
+    without = sized(raw)
+    assert with_mtp.geometry.mtp_layers == 0
+    assert with_mtp.shapes.kv_bytes_per_token == without.shapes.kv_bytes_per_token * 13 // 12
+
+
+def test_running_requests_are_capped_by_the_mamba_slots_and_said_so():
     raw = example()
-    raw["model"]["geometry"] = {"linearNumValueHeads": 32}
-    assert sized(raw).host.mamba_slots != s.host.mamba_slots
+    raw["runtime"]["maxRunningRequests"] = 256
+    s = sized(raw)
+    assert s.device.running_requests == s.device.spec_states == 512 // 5
+    assert any("capped by the runtime to 102" in n for n in s.notes)
+    assert launch_args(QwenHiCacheServerSpec.model_validate(raw), s.launch_sizing()).count("256") == 1
+
+
+def test_unset_request_counts_are_rendered_so_the_runtime_does_not_guess():
+    raw = example()
+    del raw["runtime"]["maxRunningRequests"], raw["runtime"]["maxMambaCacheSize"]
+    spec = QwenHiCacheServerSpec.model_validate(raw)
+    s = compute_sizing(spec)
+    args = launch_args(spec, s.launch_sizing())
+    assert args[args.index("--max-running-requests") + 1] == "128"
+    assert args[args.index("--max-mamba-cache-size") + 1] == str(128 * 5)
+    assert s.device.running_requests == 128
+
+
+def test_page_size_the_qwen4_exp_override_replaces_is_refused():
+    raw = example()
+    del raw["runtime"]["speculative"]
+    raw["runtime"]["pageSize"] = 128
+    with pytest.raises(SizingError, match="forces --page-size 64"):
+        sized(raw)
+
+
+def test_auto_kv_dtype_follows_the_checkpoint_and_is_explained():
+    raw = example()
+    raw["runtime"]["kvCacheDtype"] = "auto"
+    s = sized(raw)
+    assert s.shapes.kv_bytes_per_token == 2 * sized(example()).shapes.kv_bytes_per_token  # bf16
+    assert any("kvCacheDtype auto: the runtime uses bf16" in n for n in s.notes)
+    raw["model"]["geometry"] = {"checkpointKvFp8": True}
+    assert sized(raw).shapes.kv_bytes_per_token == sized(example()).shapes.kv_bytes_per_token
+
+
+def test_geometry_merged_onto_the_default_profile_is_said_in_status():
+    raw = example()
+    raw["model"]["geometry"] = {"numKeyValueHeads": 4}
+    notes = sized(raw).notes
+    assert any("merged onto profile 'qwen3.8-flash-next'" in n and "qsaCompressRatio" in n for n in notes)
+    assert not any("merged" in n for n in sized(hf_spec("qwen3_next", kvCacheDtype="bf16")).notes)
+
+
+def test_flags_that_change_the_runtime_allocation_are_not_accepted_from_extra_args():
+    s = sized(example())
+    managed = managed_flags(QwenHiCacheServerSpec.model_validate(example()), s.launch_sizing())
+    assert MEMORY_FLAGS <= managed
+    assert {"--enable-linear-replayssm-spec", "--mamba-radix-cache-strategy"} <= managed
 
 
 def test_estimated_device_pool_lands_near_the_measured_one():
@@ -167,65 +148,11 @@ def test_estimated_device_pool_lands_near_the_measured_one():
     s = sized(raw)
     assert s.device.kv_tokens_estimated
     assert within(s.device.kv_tokens, 4_342_208, 0.01)
-    assert within(s.host.kv_tokens, MEASURED_HOST_KV_TOKENS, 0.01)
-
-
-# --- the matrix --------
-
-MODELS = ("qwen3_next", "qwen3_5", "qwen4_exp")
-MATRIX = list(
-    itertools.product(
-        MODELS, (1, 2, 4), ("bf16", "fp8_e4m3"), ("float32", "bfloat16"), (False, True), ("size", "ratio")
-    )
-)
-
-
-def matrix_spec(cfg: dict, tp: int, kv: str, ssm: str, mtp: bool, mode: str) -> dict:
-    raw = example()
-    raw["model"] = {**raw["model"], "profile": None, "geometry": from_hf_config(cfg).wire()}
-    raw["runtime"].update(
-        tensorParallelSize=tp,
-        kvCacheDtype=kv,
-        mambaSsmDtype=ssm,
-        maxMambaCacheSize=256,
-        maxRunningRequests=48,
-        pageSize=64,
-    )
-    if not mtp:
-        raw["runtime"].pop("speculative")
-    raw["hicache"] = {
-        "deviceKVTokens": 1_000_000,
-        **({"hostMemoryPerRankGB": 20} if mode == "size" else {"hostRatio": 3.0}),
-    }
-    return raw
-
-
-@pytest.mark.parametrize(("model", "tp", "kv", "ssm", "mtp", "mode"), MATRIX)
-def test_host_pools_match_the_runtime_restatement(model, tp, kv, ssm, mtp, mode):
-    cfg = json.loads((HF / model / "config.json").read_text())
-    s = sized(matrix_spec(cfg, tp, kv, ssm, mtp, mode))
-    expected = reference(
-        cfg,
-        tp=tp,
-        kv_item=2 if kv == "bf16" else 1,
-        ssm_item=4 if ssm == "float32" else 2,
-        mtp=mtp,
-        page=64,
-        size_gb=20 if mode == "size" else 0,
-        ratio=3.0,
-        dev_tokens=1_000_000,
-        slots=256,
-        reqs=48,
-        draft=4,
-    )
-    assert (s.host.kv_tokens, s.host.mamba_slots, s.host.total_bytes) == expected
-    if mode == "size":
-        assert s.host.total_bytes <= 20 * 10**9 * 1.01  # the split spends the size, up to pad page and slot
+    assert within(s.host.kv_tokens, RUNTIME_HOST_KV_TOKENS, 0.01)
 
 
 def test_tp_shards_per_rank_state():
-    cfg = json.loads((HF / "qwen3_next" / "config.json").read_text())
-    one, four = (sized(matrix_spec(cfg, tp, "bf16", "float32", False, "ratio")).shapes for tp in (1, 4))
+    one, four = (sized(hf_spec("qwen3_next", tp, kvCacheDtype="bf16")).shapes for tp in (1, 4))
     assert one.kv_bytes_per_token == 2 * four.kv_bytes_per_token  # 2 KV heads: 2 at TP1, 1 (not 0.5) at TP4
     assert one.mamba_bytes_per_slot == 4 * four.mamba_bytes_per_slot
 
@@ -341,14 +268,6 @@ def test_incomplete_geometry_is_a_sizing_error():
         sized(raw)
 
 
-def test_page_size_the_qsa_ratio_does_not_divide_is_a_sizing_error():
-    raw = example()
-    raw["runtime"]["pageSize"] = 2
-    raw["runtime"].pop("speculative")
-    with pytest.raises(SizingError, match="compress ratio 4"):
-        sized(raw)
-
-
 def test_host_size_of_zero_with_no_ratio_is_a_sizing_error():
     raw = example()
     raw["hicache"]["hostMemoryPerRankGB"] = 0.5
@@ -417,6 +336,8 @@ def test_explicit_host_mamba_slots_take_the_whole_size_for_kv() -> None:
     assert b.host.mamba_slots == 65
     assert b.host.kv_tokens > a.host.kv_tokens
     kv_plus_index = b.host.kv_bytes + b.host.index_bytes
-    assert 29.9e9 < kv_plus_index <= 30e9 + 64 * b.shapes.kv_bytes_per_token + b.shapes.index_bytes_per_page
+    # the runtime scales the KV share by device kv / (kv + target and draft keys), so the index takes a bit more
+    # of the size on the device side than it gets on the host: 29.7 of 30 GB are spent
+    assert 29.5e9 < kv_plus_index <= 30e9 + 64 * b.shapes.kv_bytes_per_token + b.shapes.index_bytes_per_page
     args = launch_args(explicit, b.launch_sizing())
     assert args[args.index("--hicache-mamba-host-slots") + 1] == "64"
