@@ -28,7 +28,7 @@ from .spec import API_VERSION, KIND, QwenHiCacheServerSpec
 
 Obj = dict[str, Any]
 
-RENDER_VERSION = "1"
+RENDER_VERSION = "2"
 
 CACHE_VOLUME = "hicache"
 HTTP_PORT_NAME = "http"
