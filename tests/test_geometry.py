@@ -37,7 +37,7 @@ def test_qwen4_exp_ple_and_qsa_follow_the_runtime_config_class():
     assert (g.full_attention_layers, g.linear_attention_layers) == (12, 36)
     assert (g.ple_channels, g.ple_conv_kernel_size, g.ngram_size) == (2560 * 4, 4, 3)
     assert g.ple_table_rows == 2 * 8 * 20_000_000 and g.ple_table_row_dim == 2560 // 16
-    assert g.ple_table_dtype == "nvfp4" and g.ple_table_pinned
+    assert g.ple_table_dtype == "float8_e4m3fn" and g.ple_table_pinned  # declared ple_embedding_dtype
     assert (g.qsa_index_kv_heads, g.qsa_index_head_dim, g.qsa_compress_ratio) == (1, 128, 4)
 
 
@@ -96,6 +96,15 @@ def test_profile_fields_a_partial_geometry_inherits_are_named():
     merged = profile_fields_merged(model)
     assert "qsaCompressRatio" in merged and "numKeyValueHeads" not in merged
     assert profile_fields_merged(SimpleNamespace(profile=None, geometry=Geometry(num_key_value_heads=4))) == []
+
+
+def test_ple_table_dtype_follows_the_runtime_rule():
+    cfg = hf("qwen4_exp")
+    del cfg["text_config"]["ple_embedding_dtype"]
+    assert from_hf_config(cfg).ple_table_dtype == "bfloat16"  # NVFP4 checkpoint, no FP8 entry: bf16 table
+    cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "quantized_layers": {
+        "model.language_model.layers.1.ple.ngram_embedding": {"quant_algo": "FP8"}}}
+    assert from_hf_config(cfg).ple_table_dtype == "float8_e4m3fn"
 
 
 def test_checkpoint_fp8_kv_is_read_from_the_quantization_config():

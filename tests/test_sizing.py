@@ -165,7 +165,7 @@ def test_pod_memory_covers_pools_reserve_and_pinned_ple_table():
     terms = {t.name: t.bytes for t in s.terms}
     assert terms["hostPools"] == 2 * s.host.total_bytes
     assert terms["runtimeReserve"] == 10 * GIB
-    assert terms["pleTable"] == 320_000_000 * 160 * 9 // 16  # NVFP4: 4 bits + one fp8 scale per 16
+    assert terms["pleTable"] == 320_000_000 * 160  # fp8 n-gram table, all ranks (models/qwen4_exp.py:113-128)
     total = sum(terms.values())
     assert total <= s.pod_memory_limit_bytes < total + GIB and s.pod_memory_limit_bytes % GIB == 0
     assert s.pod_memory_request_bytes == s.pod_memory_limit_bytes

@@ -16,7 +16,7 @@ from .typed import ApiModel
 
 Positive = Annotated[int, Field(ge=1)]
 NonNegative = Annotated[int, Field(ge=0)]
-PleTableDtype = Literal["bfloat16", "float8_e4m3fn", "nvfp4"]
+PleTableDtype = Literal["bfloat16", "float8_e4m3fn"]
 SsmDtypeName = Literal["float32", "bfloat16", "float16"]
 
 
@@ -79,7 +79,8 @@ class Geometry(ApiModel):
     ple_table_row_dim: NonNegative | None = None
     """Elements per PLE table row (`ple_embed_dim` / ((ngram_size-1) x heads_per_ngram))."""
     ple_table_dtype: PleTableDtype | None = None
-    """Storage of the PLE table: nvfp4 is 4 bits plus one fp8 scale per 16 elements."""
+    """Storage of the pinned PLE table: the checkpoint's dtype, fp8 or bf16 (sglang 0.5.23 offloads only those,
+    `srt/models/qwen4_exp.py:113-128,935-944`; an NVFP4 checkpoint keeps its n-gram table in fp8 or bf16)."""
     ple_table_pinned: bool | None = None
     """Whether the PLE table lives in pinned host RAM (`ple_offload_embedding` with the pinned backend)."""
     gpu_weight_bytes: NonNegative | None = None
@@ -240,10 +241,21 @@ def _qsa_fields(text: dict[str, Any]) -> dict[str, int]:
 
 
 def _ple_table_dtype(config: dict[str, Any], text: dict[str, Any]) -> str:
+    """`_ple_table_is_fp8` (`srt/models/qwen4_exp.py:113-128`): fp8 when the config says so, for an fp8
+    checkpoint, or a ModelOpt MIXED_PRECISION entry of FP8 for the n-gram table; otherwise bf16."""
     if text.get("ple_embedding_dtype") == "float8_e4m3fn":
         return "float8_e4m3fn"
-    quant = json.dumps(config.get("quantization_config") or text.get("quantization_config") or {}).lower()
-    return "nvfp4" if "fp4" in quant else "bfloat16"
+    quant = config.get("quantization_config") or text.get("quantization_config") or {}
+    if not isinstance(quant, dict):
+        return "bfloat16"
+    if str(quant.get("quant_method", "")).lower() == "fp8":
+        return "float8_e4m3fn"
+    layers = quant.get("quantized_layers") or {}
+    if str(quant.get("quant_algo", "")).upper() == "MIXED_PRECISION" and isinstance(layers, dict):
+        for name, entry in layers.items():
+            if "ngram_embedding" in name and isinstance(entry, dict) and entry.get("quant_algo") == "FP8":
+                return "float8_e4m3fn"
+    return "bfloat16"
 
 
 def _ple_fields(config: dict[str, Any], text: dict[str, Any]) -> dict[str, Any]:
@@ -265,7 +277,8 @@ def _ple_fields(config: dict[str, Any], text: dict[str, Any]) -> dict[str, Any]:
         "ple_table_rows": -(-rows // divisible) * divisible,
         "ple_table_row_dim": embed_dim // heads if heads else 0,
         "ple_table_dtype": _ple_table_dtype(config, text),
-        "ple_table_pinned": bool(text.get("ple_offload_embedding", False))
+        # the runtime offloads by default on CUDA with a bf16 model (arg_groups/model_overrides/qwen4_exp.py:43-49)
+        "ple_table_pinned": bool(text.get("ple_offload_embedding", True))
         and text.get("ple_offload_backend", "pinned") == "pinned",
     }
 

@@ -75,7 +75,6 @@ NGRAM_ID_BYTES = 8
 PLE_TABLE_BYTES_PER_ELEMENT = {
     "bfloat16": Fraction(2),
     "float8_e4m3fn": Fraction(1),
-    "nvfp4": Fraction(9, 16),
 }
 
 
