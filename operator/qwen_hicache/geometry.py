@@ -58,7 +58,7 @@ class Geometry(ApiModel):
     type: their draft keeps no Mamba pool)."""
     checkpoint_kv_fp8: bool | None = None
     """Whether the checkpoint's `quantization_config` declares `kv_cache_quant_algo: FP8`; then
-    `kvCacheDtype: auto` means FP8 E4M3 KV (`srt/mem_cache/kv_cache_dtype.py:47-55`), otherwise the model dtype.
+    `kvCacheDtype: auto` means FP8 E4M3 KV (`srt/mem_cache/kv_cache_dtype.py:49-58`), otherwise the model dtype.
     Unknown (unset) with `auto` is sized as bf16 and said so in `status.sizing.notes`."""
     qsa_index_kv_heads: NonNegative | None = None
     """QSA indexer key heads (`indexer_kv_heads`, replicated on every rank; 0 when the model has no QSA)."""

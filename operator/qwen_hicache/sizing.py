@@ -4,16 +4,16 @@ Every rule restates sglang 0.5.23 (+ runtime_patches/) and names the file:line i
 `sglang` package); `tests/conformance/` executes those very constructors on CPU over a matrix of models, TP
 sizes, host sizes, dtypes and speculative settings and requires the numbers here to agree exactly. Per rank:
 - host KV bytes/token = (K + V head dims) x KV heads on the rank x (full-attention + 1 MTP draft layer)
-  x KV dtype bytes (`mem_cache/pool_host/mha.py`);
+  x KV dtype bytes (`mem_cache/pool_host/mha.py:290-296`);
 - QSA index bytes/token = index heads x index dim x 2 (bf16) x (same layers) / compress ratio
-  (`mem_cache/pool_host/qsa.py:30-60`);
-- Mamba bytes/slot = (conv + SSM) x GDN layers + PLE side states (`mem_cache/pool_host/mamba.py:120-162`);
+  (`mem_cache/pool_host/qsa.py:26-64`);
+- Mamba bytes/slot = (conv + SSM) x GDN layers + PLE side states (`mem_cache/pool_host/mamba.py:120-165,413`);
 - `--hicache-size H` splits H GB between KV and Mamba in proportion to the device pools' bytes (target KV
   buffers vs the whole Mamba state incl. speculative verify scratch), scales the KV share by
   kv / (kv + compressed keys of target and draft), then `tokens = int(share * 1e9 // bytes_per_token)`
   rounded to pages plus one pad page; Mamba slots are `int(share * 1e9 // bytes_per_slot) + 1`
-  (`mem_cache/hybrid_cache/hybrid_pool_assembler.py:239-264,1324-1339`, `mem_cache/pool_host/base.py:219-234`,
-  `mem_cache/pool_host/mamba.py:164-176`).
+  (`mem_cache/hybrid_cache/hybrid_pool_assembler.py:239-264,1329-1340`, `mem_cache/pool_host/base.py:219-229`,
+  `mem_cache/pool_host/mamba.py:167-177`).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ DRAFT_LAYERS = 1
 on qwen3_next, qwen3_5 and qwen4_exp rewrite the draft to one MTP layer (`configs/model_config.py:1133-1181`)."""
 FORCED_PAGE_SIZE_QSA = 64
 """qwen4_exp with a compressed QSA indexer: `_qwen4_exp_overrides` sets `page_size=64` whatever is passed
-(`arg_groups/model_overrides/qwen4_exp.py:100-107`)."""
+(`arg_groups/model_overrides/qwen4_exp.py:86-97`)."""
 
 KV_DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
 SSM_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -146,7 +146,7 @@ def check_page_size(g: Geometry, page_size: int) -> None:
         raise SizingError(
             f"pageSize {page_size} is not what the runtime uses: for a model with a compressed QSA indexer "
             f"(qwen4_exp) sglang 0.5.23 forces --page-size {FORCED_PAGE_SIZE_QSA} "
-            "(arg_groups/model_overrides/qwen4_exp.py:100-107), so the cache would be sized for pages that "
+            "(arg_groups/model_overrides/qwen4_exp.py:86-97), so the cache would be sized for pages that "
             f"never exist; set runtime.pageSize: {FORCED_PAGE_SIZE_QSA}"
         )
 
@@ -206,7 +206,7 @@ class DevicePools:
 
 def _mamba_device_bytes(shapes: RankShapes, g: Geometry, slots: int, spec_states: int, draft_tokens: int) -> int:
     """`MambaPool.mamba_cache.mem_usage_bytes()` (`mem_cache/memory_pool.py:555-561`): conv and SSM state of
-    slots+1 (`memory_pool.py:807-845`), plus, with speculative decoding, per draft token and state an SSM
+    slots+1 (`memory_pool.py:722-753`), plus, with speculative decoding, per draft token and state an SSM
     snapshot and a conv window of (spec_states+1) rows (`memory_pool.py:864-960`; the SSM snapshot is skipped
     only under `--enable-linear-replayssm-spec`, which the operator never renders and refuses in extraArgs)."""
     per_layer = shapes.conv_bytes_per_layer + shapes.ssm_bytes_per_layer
@@ -305,12 +305,12 @@ class HostPools:
         return self.kv_bytes + self.index_bytes + self.mamba_bytes
 
     def pool_bytes(self) -> tuple[int, ...]:
-        """Pools in the order a rank builds them: KV, Mamba, QSA indexer (`hybrid_pool_assembler.py:1340-1395`)."""
+        """Pools in the order a rank builds them: KV, Mamba, QSA indexer (`hybrid_pool_assembler.py:1341-1398`)."""
         return tuple(b for b in (self.kv_bytes, self.mamba_bytes, self.index_bytes) if b)
 
 
 def _pages_plus_pad(tokens: int, page_size: int) -> int:
-    """`HostKVCache.__init__` (`pool_host/base.py:231-234`): whole pages plus one padding page."""
+    """`HostKVCache.__init__` (`pool_host/base.py:226-229`): whole pages plus one padding page."""
     return (tokens // page_size + 1) * page_size
 
 
@@ -318,7 +318,7 @@ def _size_split(size_gb: int, dev: DevicePools, explicit_slots: bool) -> tuple[f
     """(KV GB, Mamba GB) of `--hicache-size`, in the runtime's own float order: `_split_hicache_size` weighs
     the target KV buffers against the Mamba state (`hybrid_pool_assembler.py:239-254`); with
     `--hicache-mamba-host-slots` (series patch 0002) the KV side takes all (`hybrid_pool_assembler.py:257-263`);
-    for QSA the KV share is scaled by kv / (kv + compressed keys of target and draft) (`:1324-1332`)."""
+    for QSA the KV share is scaled by kv / (kv + compressed keys of target and draft) (`:1329-1340`)."""
     if explicit_slots or not dev.mamba_bytes:
         kv_share, mamba_share = size_gb * dev.kv_bytes / dev.kv_bytes, 0.0
     else:
@@ -353,7 +353,7 @@ def host_pools(spec: QwenHiCacheServerSpec, dev: DevicePools, shapes: RankShapes
     if size_gb is not None:
         kv_share, mamba_share = _size_split(size_gb, dev, bool(explicit))
         tokens = _pages_plus_pad(int(kv_share * 1e9 // shapes.kv_bytes_per_token), page)
-        # MambaPoolHost: size from its share, then page_num = size // 1 + 1 (pool_host/mamba.py:164-176)
+        # MambaPoolHost: size from its share, then page_num = size // 1 + 1 (pool_host/mamba.py:167-177)
         slots = int(mamba_share * 1e9 // shapes.mamba_bytes_per_slot) + 1 if dev.mamba_bytes else 0
     else:
         ratio = spec.hicache.host_ratio or DEFAULT_HICACHE_RATIO
@@ -419,13 +419,13 @@ def memory_terms(tp: int, host: HostPools, g: Geometry, shm: int) -> list[Term]:
             "runtimeReserve",
             RUNTIME_RESERVE_BYTES,
             "the runtime refuses to allocate host pools unless 10 GiB of the cgroup stays free "
-            "('Not enough host memory available', pool_host/base.py:28,84-111)",
+            "('Not enough host memory available', pool_host/base.py:28,84-108)",
         ),
         Term(
             "rankBudgetCheck",
             rank_budget_bytes(tp, host),
             "each rank checks each pool against (free - 10 GiB) / ranks per host while the other ranks may "
-            "already hold theirs (pool_host/base.py:84-111,247-257, pool_host/mamba.py:188-197): room for the "
+            "already hold theirs (pool_host/base.py:84-108,248-257, pool_host/mamba.py:189-197): room for the "
             "worst rank order",
         ),
         Term("pleTable", ple_table_bytes(g), "the PLE n-gram table in pinned host RAM, all ranks' shards"),
@@ -658,7 +658,7 @@ def _gib(n: int) -> str:
 
 
 def resolve_kv_dtype(requested: str, g: Geometry) -> str:
-    """`auto` as `configure_kv_cache_dtype` resolves it (`mem_cache/kv_cache_dtype.py:47-55`): FP8 E4M3 when the
+    """`auto` as `configure_kv_cache_dtype` resolves it (`mem_cache/kv_cache_dtype.py:49-58`): FP8 E4M3 when the
     checkpoint declares `kv_cache_quant_algo: FP8`, else the model dtype (bf16 for every supported model)."""
     if requested != "auto":
         return requested

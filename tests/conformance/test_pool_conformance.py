@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conformance.matrix import cases, runtime_args
 from qwen_hicache.sizing import compute_sizing
 from qwen_hicache.spec import QwenHiCacheServerSpec
 
-from conformance.matrix import cases, runtime_args
 from harness.sim.sglang_tree import patched_sglang_tree, tree_info
 
 PROBE = Path(__file__).resolve().parent / "pool_probe.py"
