@@ -7,12 +7,17 @@ from typing import Any
 GIB = 1 << 30
 
 _ROWS: tuple[tuple[str, str, str], ...] = (
-    ("kvBytesPerToken", "B", "host KV per token: K+V dims x KV heads/rank x (attn + MTP layers) x dtype"),
+    ("kvBytesPerToken", "B", "host KV per token: K+V dims x KV heads/rank x (attn + 1 MTP draft layer) x dtype"),
     ("indexBytesPerPage", "B", "QSA compressed keys per page: index dim x bf16 x layers x page / ratio"),
     ("mambaBytesPerSlot", "B", "Mamba slot: (conv + SSM) x GDN layers + PLE side state"),
     ("deviceKVTokensPerRank", "tok", "GPU KV pool per rank (runtime log, or estimated)"),
     ("deviceMambaSlotsPerRank", "slots", "GPU Mamba slots per rank (--max-mamba-cache-size)"),
-    ("hicacheSizeGB", "GB", "--hicache-size per rank (whole GB), split KV:Mamba by device bytes"),
+    ("runningRequests", "req", "requests the runtime keeps: min(--max-running-requests, tokens/2, slots/5)"),
+    ("mambaSpecStates", "", "Mamba verify-scratch states (= runningRequests with speculative decoding)"),
+    ("deviceKVBytesPerRank", "B", "split weight: target full-attention KV buffers (tokens + 1 page)"),
+    ("deviceMambaBytesPerRank", "B", "split weight: Mamba state of slots+1 + SSM/conv verify scratch"),
+    ("deviceIndexBytesPerRank", "B", "QSA scaling: compressed keys of target and draft pools"),
+    ("hicacheSizeGB", "GB", "--hicache-size per rank (whole GB), split KV:Mamba by the device bytes above"),
     ("hicacheRatio", "x", "--hicache-ratio (host pools = ratio x device pools) when no size is set"),
     ("hostKVTokensPerRank", "tok", "host KV tokens per rank, whole pages + 1 pad page"),
     ("hostMambaSlotsPerRank", "slots", "host Mamba slots per rank, + 1 pad slot"),
