@@ -636,20 +636,26 @@ def check_fit(sizing: Sizing, node_allocatable_bytes: int | None) -> list[str]:
     if node_allocatable_bytes is None or sizing.pod_memory_limit_bytes <= node_allocatable_bytes:
         return []
     tp = sizing.tensor_parallel_size
-    fixed = sum(t.bytes for t in sizing.terms if t.name not in ("hostPools", "margin"))
+    scaling = ("hostPools", "rankBudgetCheck", "margin")
+    fixed = sum(t.bytes for t in sizing.terms if t.name not in scaling)
+    pools = sum(t.bytes for t in sizing.terms if t.name in scaling[:2])
+    # the pools and the budget check grow in proportion to the host size per rank
     room = node_allocatable_bytes / (1 + MARGIN_FRACTION) - fixed
-    per_rank_gb = math.floor(room / tp / GB) if room > 0 else 0
+    share = sizing.host.total_bytes / pools if pools else 1 / tp
+    per_rank_gb = math.floor(room * share / GB) if room > 0 else 0
     fix = (
         f"lower hicache.hostMemoryPerRankGB to {per_rank_gb} or less, or use nodes with at least "
         f"{_gib(sizing.pod_memory_limit_bytes)} allocatable"
         if per_rank_gb >= 1
-        else f"use nodes with at least {_gib(sizing.pod_memory_limit_bytes)} allocatable memory"
+        else f"use nodes with at least {_gib(sizing.pod_memory_limit_bytes)} allocatable memory (lowering "
+        f"hicache.hostMemoryPerRankGB cannot make it fit: the other terms alone need "
+        f"{_gib(math.ceil(fixed * (1 + MARGIN_FRACTION)))})"
     )
     return [
         f"pod needs {_gib(sizing.pod_memory_limit_bytes)} memory "
-        f"({tp} x {_gib(sizing.host.total_bytes)} host pools "
-        f"+ {_gib(fixed)} reserve, processes, PLE table and shm + margin) but the node has "
-        f"{_gib(node_allocatable_bytes)} allocatable: {fix}"
+        f"({tp} x {_gib(sizing.host.total_bytes)} host pools + {_gib(pools - tp * sizing.host.total_bytes)} "
+        f"for the per-rank budget check + {_gib(fixed)} reserve, processes, PLE table and shm + margin) but "
+        f"the node has {_gib(node_allocatable_bytes)} allocatable: {fix}"
     ]
 
 
