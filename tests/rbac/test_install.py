@@ -1,13 +1,13 @@
 """`helm install` into the real control plane (the operator runs as the chart's pod), the operator reconciling a
-server created from chart values, then `helm uninstall`: the operator and its RBAC go, the CRD and the cache
-volumes stay."""
+server created from chart values, `helm upgrade` (a new operator pod, no serving pod restarted), then `helm
+uninstall`: the operator and its RBAC go, the CRD and the cache volumes stay."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from chart.chartlib import EXAMPLES
+from chart.chartlib import CHART, EXAMPLES
 from installlib import OPERATOR_NS, WORKLOAD_NS, admin_api, audited_cluster, install, running_operator
 from kubehelpers import eventually
 from kubernetes import client
@@ -43,6 +43,18 @@ def test_helm_install_reconcile_uninstall_keeps_cache_volumes(tmp_path: Path) ->
             eventually(lambda: core.read_namespaced_persistent_volume_claim(claims[0], WORKLOAD_NS).metadata
                        .annotations.get(f"{GROUP}/fingerprint"))
             assert "qwen_hicache_reconcile_duration_seconds" in op.get(op.metrics)[1]
+            # helm upgrade: the operator pod is replaced (Recreate), the serving pod is not touched (OnDelete)
+            server_pod = f"{name}-0"
+            inst.helm("upgrade", "qwen-hicache-operator", str(CHART), "-n", OPERATOR_NS, "--reuse-values",
+                      "--set", "operator.verbose=true", "--wait", "--timeout", "120s")
+            new = eventually(lambda: [p for p in core.list_namespaced_pod(OPERATOR_NS).items
+                                      if p.metadata.name != op.name and p.status.phase == "Running"], timeout=120)
+            assert "--verbose" in new[0].spec.containers[0].args
+            custom.patch_namespaced_custom_object(GROUP, VERSION, WORKLOAD_NS, PLURAL, name,
+                                                  {"metadata": {"labels": {"touched": "after-upgrade"}}})
+            eventually(lambda: (custom.get_namespaced_custom_object(GROUP, VERSION, WORKLOAD_NS, PLURAL, name)
+                                .get("status") or {}).get("observedGeneration"))  # the new operator serves it
+            assert sim.record(WORKLOAD_NS, server_pod).incarnations == 1  # no GPU pod restarted by the upgrade
             # docs/install.md's order: servers first, while the operator still runs (its resync timer holds a
             # Kopf finalizer on each server, which only a running operator removes), then the operator
             custom.delete_namespaced_custom_object(GROUP, VERSION, WORKLOAD_NS, PLURAL, name)
