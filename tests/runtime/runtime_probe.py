@@ -150,6 +150,9 @@ def with_bad_middle_page(damage: Callable[[Path], None]) -> dict:
         out["raised"] = type(exc).__name__
     out["bad_path_left"] = os.path.lexists(bad)
     out["exists_after"] = store.exists(KEYS[1])
+    out["discards"] = dict(getattr(store, "page_discards", {}))
+    storage(path)  # a restart: the owning rank sweeps what was moved aside
+    out["left_after_restart"] = sorted(n for n in os.listdir(path) if not n.endswith(".bin"))
     return out
 
 
@@ -175,27 +178,95 @@ def vanished(path: Path) -> None:
     path.unlink()
 
 
+def _rewrite(path: Path, edit: Callable[[bytearray], None]) -> None:
+    data = bytearray(path.read_bytes())
+    edit(data)
+    path.write_bytes(bytes(data))
+
+
+def zeroed(path: Path) -> None:
+    """Right size, all zeros: what a crash between rename and writeback can leave."""
+    path.write_bytes(bytes(path.stat().st_size))
+
+
+def zeroed_tail(path: Path) -> None:
+    size = path.stat().st_size
+    _rewrite(path, lambda d: d.__setitem__(slice(size * 3 // 4, size), bytes(size - size * 3 // 4)))
+
+
+def sparse_hole(path: Path) -> None:
+    """Same size, a hole (reads as zeros) over the middle of the file."""
+    data, size = path.read_bytes(), path.stat().st_size
+    path.unlink()
+    with open(path, "wb") as f:
+        f.write(data[: size // 4])
+        f.seek(size // 2)
+        f.write(data[size // 2 :])
+
+
+def bit_flip(path: Path) -> None:
+    size = path.stat().st_size
+    _rewrite(path, lambda d: d.__setitem__(size // 2, d[size // 2] ^ 0x10))
+
+
+def old_format(path: Path) -> None:
+    """The raw page bytes without a header, as the parent writes them."""
+    header = getattr(getattr(hs, "PAGE_HEADER", None), "size", 0)
+    _rewrite(path, lambda d: d.__delitem__(slice(0, header)))
+
+
+def foreign_tag(path: Path) -> None:
+    """A valid page of another pool/dtype/layout (tag and checksum consistent, tag not this pool's)."""
+    fmt = getattr(hs, "PAGE_HEADER", None)
+    if fmt is None:
+        return  # the parent has no header: nothing to forge
+    import xxhash
+
+    data = bytearray(path.read_bytes())
+    magic, version, size, length, _digest, _tag = fmt.unpack(data[: fmt.size])
+    tag = hs._page_tag("kv", "float8_e4m3fn", "page_first")
+    check = xxhash.xxh3_64(tag)
+    check.update(bytes(data[fmt.size :]))
+    data[: fmt.size] = fmt.pack(magic, version, size, length, check.intdigest(), tag)
+    path.write_bytes(bytes(data))
+
+
 def crash_leftovers() -> dict:
     path = WORK / "leftovers"
     path.mkdir(parents=True)
     for name in (".0123abcd.tmp", ".feedface.tmp"):
         (path / name).write_bytes(b"half a page")
+    (path / ".c0ffee.tmp").mkdir()  # a quarantined directory (a bad page that was a directory)
+    (path / ".c0ffee.tmp" / "x").write_bytes(b"x")
     (path / "keep.bin").write_bytes(b"x")
     storage(path)
     return {"left": sorted(os.listdir(path))}
 
 
 def durability() -> dict:
-    """Count fsyncs made while one page is written."""
-    calls = []
-    real = os.fsync
-    os.fsync = lambda fd: (calls.append(fd), real(fd))[1]
+    """Count per-file fsyncs and filesystem syncs while one page, then a batch of three pages, is written."""
+    calls: list[str] = []
+    real_fsync, real_sync, real_syncfs = os.fsync, os.sync, getattr(hs, "_syncfs", None)
+    os.fsync = lambda fd: (calls.append("fsync"), real_fsync(fd))[1]
+    os.sync = lambda: (calls.append("sync"), real_sync())[1]
+    if real_syncfs is not None:
+        hs._syncfs = lambda fd: (calls.append("sync"), real_syncfs(fd))[1]
+    out = {}
     try:
         store = storage(WORK / "durable")
         store.set(KEYS[0], torch.arange(256, dtype=torch.uint8))
+        out["one_page"] = {"fsyncs": calls.count("fsync"), "syncs": calls.count("sync")}
+        calls.clear()
+        store.batch_set([f"{i:064x}" for i in range(20, 23)], [torch.arange(256, dtype=torch.uint8)] * 3)
+        out["batch_of_3"] = {"fsyncs": calls.count("fsync"), "syncs": calls.count("sync")}
+        calls.clear()
+        store.batch_set([f"{i:064x}" for i in range(20, 23)], [torch.arange(256, dtype=torch.uint8)] * 3)
+        out["batch_already_stored"] = {"fsyncs": calls.count("fsync"), "syncs": calls.count("sync")}
     finally:
-        os.fsync = real
-    return {"fsyncs": len(calls)}
+        os.fsync, os.sync = real_fsync, real_sync
+        if real_syncfs is not None:
+            hs._syncfs = real_syncfs
+    return out
 
 
 def restart_round_trip() -> dict:
@@ -365,7 +436,8 @@ def run(fn: Callable[[], dict]) -> dict:
 if __name__ == "__main__":
     report = {
         d.__name__: run(lambda d=d: with_bad_middle_page(d))
-        for d in (truncated, short, oversized, unreadable, vanished)
+        for d in (truncated, short, oversized, unreadable, vanished, zeroed, zeroed_tail, sparse_hole, bit_flip,
+                  old_format, foreign_tag)
     }
     for fn in (crash_leftovers, durability, restart_round_trip, mamba_slots, shutdown_drain):
         report[fn.__name__] = run(fn)

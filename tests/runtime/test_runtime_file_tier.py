@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-BAD_PAGES = ["truncated", "short", "oversized", "unreadable", "vanished"]
+WRONG_SIZE = ["truncated", "short", "oversized"]
+RIGHT_SIZE_WRONG_BYTES = ["zeroed", "zeroed_tail", "sparse_hole", "bit_flip", "foreign_tag"]
+BAD_PAGES = [*WRONG_SIZE, *RIGHT_SIZE_WRONG_BYTES, "unreadable", "vanished", "old_format"]
+REASON = {
+    "truncated": "size", "short": "size", "oversized": "size", "old_format": "size",
+    "zeroed": "header", "zeroed_tail": "checksum", "sparse_hole": "checksum", "bit_flip": "checksum",
+    "foreign_tag": "tag", "unreadable": "unreadable",
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("scenario", BAD_PAGES)
@@ -18,9 +25,10 @@ def test_bad_page_is_a_miss_and_is_removed(probes: dict, scenario: str):
     assert out["exists_before"] is True
     assert out["results"] == [True, False, True]  # the batch survives; only the bad page misses
     assert out["bad_path_left"] is False and out["exists_after"] is False
+    assert out["discards"] == ({REASON[scenario]: 1} if scenario in REASON else {})  # the counter goes up
 
 
-@pytest.mark.parametrize("scenario", ["truncated", "short", "oversized", "unreadable"])
+@pytest.mark.parametrize("scenario", [*WRONG_SIZE, "unreadable"])
 def test_parent_exhibits_the_bad_page_bug(probes: dict, scenario: str):
     out = probes["parent"][scenario]
     # Either the exception kills the prefetch batch, or the wrong-size page is
@@ -29,14 +37,27 @@ def test_parent_exhibits_the_bad_page_bug(probes: dict, scenario: str):
     assert out["bad_path_left"] is True
 
 
+@pytest.mark.parametrize("scenario", ["zeroed", "zeroed_tail", "sparse_hole", "bit_flip"])
+def test_parent_serves_right_size_wrong_bytes_as_a_hit(probes: dict, scenario: str):
+    out = probes["parent"][scenario]
+    assert out["raised"] is None and out["results"] == [True, True, True] and out["bad_path_left"] is True, out
+
+
+def test_quarantined_directory_is_swept_at_the_next_start(probes: dict):
+    assert probes["patched"]["unreadable"]["left_after_restart"] == []
+
+
 def test_crash_leftovers_are_swept_at_startup(probes: dict):
-    assert probes["patched"]["crash_leftovers"]["left"] == ["keep.bin"]
+    assert probes["patched"]["crash_leftovers"]["left"] == ["keep.bin"]  # files and quarantined directories
     assert probes["parent"]["crash_leftovers"]["left"] != ["keep.bin"]
 
 
-def test_page_and_directory_are_fsynced(probes: dict):
-    assert probes["patched"]["durability"]["fsyncs"] >= 2  # the page before rename, then the directory
-    assert probes["parent"]["durability"]["fsyncs"] == 0
+def test_one_sync_per_batch_and_no_per_page_fsync(probes: dict):
+    out = probes["patched"]["durability"]
+    assert out["one_page"] == {"fsyncs": 0, "syncs": 1}
+    assert out["batch_of_3"] == {"fsyncs": 0, "syncs": 1}
+    assert out["batch_already_stored"] == {"fsyncs": 0, "syncs": 0}  # nothing written, nothing to sync
+    assert probes["parent"]["durability"]["batch_of_3"] == {"fsyncs": 0, "syncs": 0}
 
 
 @pytest.mark.parametrize("tree", ["patched", "parent"])
