@@ -7,8 +7,12 @@ before/after hash chain, a hunk that does not apply verbatim, an extra or missin
 file -- exits non-zero with one line naming the first difference.
 
     python3 runtime_patches/verify.py                    # manifest alone, no tree
-    python3 runtime_patches/verify.py --tree SITE        # SITE/sglang is the parent or the result
+    python3 runtime_patches/verify.py --tree SITE        # SITE/sglang must be the patched result
+    python3 runtime_patches/verify.py --tree SITE --expect parent   # ... or the pinned parent (either: any)
     python3 runtime_patches/verify.py --tree SITE --apply  # verify parent, apply, verify result
+
+A symlink anywhere under SITE/sglang fails (it could point the checked path at unchecked bytes), and the
+manifest's wheel sha256 must be one of the hashes requirements.lock pins for the same sglang version.
 """
 
 from __future__ import annotations
@@ -149,10 +153,33 @@ def _check_digest(what: str, data: bytes, want_sha: str, want_count: int) -> dic
     return inventory
 
 
+def lock_hashes(rp_dir: Path, package: str, version: str) -> set[str]:
+    """The sha256 hashes requirements.lock pins for package==version (empty when it is not pinned)."""
+    hashes: set[str] = set()
+    inside = False
+    for line in (rp_dir / "requirements.lock").read_text().splitlines():
+        if line and not line[0].isspace():
+            inside = line.split(" ", 1)[0].strip() == f"{package}=={version}"
+        elif inside:
+            hashes.update(re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
+    return hashes
+
+
+def check_lock(rp_dir: Path, parent: dict) -> None:
+    """The wheel the manifest pins must be one the lock installs: else the image is not what was verified."""
+    hashes = lock_hashes(rp_dir, PACKAGE, parent["version"])
+    if not hashes:
+        raise Drift(f"requirements.lock does not pin {PACKAGE}=={parent['version']}")
+    if parent["wheel_sha256"] not in hashes:
+        raise Drift(f"manifest wheel sha256 {parent['wheel_sha256'][:16]} is not among requirements.lock's "
+                    f"hashes for {PACKAGE}=={parent['version']}")
+
+
 def check_manifest(rp_dir: Path) -> tuple[dict, dict[str, str], dict[str, str]]:
     """Check everything that needs no tree; return (manifest, parent, expected result)."""
     manifest = load_manifest(rp_dir)
     parent = manifest["parent"]
+    check_lock(rp_dir, parent)
     inv_bytes = (rp_dir / parent["inventory"]).read_bytes()
     parent_inv = _check_digest("parent inventory", inv_bytes, parent["inventory_sha256"], parent["file_count"])
     state = dict(parent_inv)
@@ -185,12 +212,20 @@ def check_manifest(rp_dir: Path) -> tuple[dict, dict[str, str], dict[str, str]]:
 def tree_inventory(site: Path) -> dict[str, str]:
     """Every file under SITE/sglang, path relative to SITE -> sha256."""
     root = site / PACKAGE
+    if root.is_symlink():
+        raise Drift(f"symlink in tree: {PACKAGE}")
     if not root.is_dir():
         raise Drift(f"no {PACKAGE}/ package under {site}")
     inventory = {}
-    for dirpath, _dirs, files in os.walk(root):
+    for dirpath, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            full = Path(dirpath, name)
+            if full.is_symlink():
+                raise Drift(f"symlink in tree: {full.relative_to(site).as_posix()}")
         for name in files:
             full = Path(dirpath, name)
+            if not full.is_file():
+                raise Drift(f"not a regular file in tree: {full.relative_to(site).as_posix()}")
             inventory[full.relative_to(site).as_posix()] = sha256_file(full)
     return inventory
 
@@ -227,7 +262,7 @@ def apply_series(site: Path, rp_dir: Path, manifest: dict) -> None:
                 target.write_bytes(new)
 
 
-def run(rp_dir: Path, tree: Path | None, apply: bool) -> dict:
+def run(rp_dir: Path, tree: Path | None, apply: bool, expect: str = "patched") -> dict:
     manifest, parent, result = check_manifest(rp_dir)
     summary = {
         "ok": True,
@@ -251,23 +286,30 @@ def run(rp_dir: Path, tree: Path | None, apply: bool) -> dict:
             raise Drift(diff)
         return {**summary, "mode": "applied", "tree": str(tree)}
     if actual == result:
-        return {**summary, "mode": "tree", "state": "patched", "tree": str(tree)}
-    diff = first_difference(actual, parent, "tree is neither the parent nor the patched result")
-    if diff:
-        raise Drift(diff)
-    return {**summary, "mode": "tree", "state": "parent", "tree": str(tree)}
+        state = "patched"
+    elif actual == parent:
+        state = "parent"
+    else:
+        label = {"patched": "tree is not the patched result", "parent": "tree is not the pinned parent"}
+        raise Drift(first_difference(actual, result if expect == "patched" else parent,
+                                     label.get(expect, "tree is neither the parent nor the patched result")))
+    if expect != "either" and state != expect:
+        raise Drift(f"tree is the {state} {PACKAGE}=={manifest['parent']['version']}, expected the {expect} one")
+    return {**summary, "mode": "tree", "state": state, "tree": str(tree)}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tree", type=Path, help="directory that contains the installed sglang/ package")
     ap.add_argument("--apply", action="store_true", help="apply the series to --tree, verifying both ends")
+    ap.add_argument("--expect", choices=("patched", "parent", "either"), default="patched",
+                    help="what --tree (without --apply) must be (default: patched)")
     ap.add_argument("--patches-dir", type=Path, default=HERE, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.apply and args.tree is None:
         ap.error("--apply needs --tree")
     try:
-        summary = run(args.patches_dir, args.tree, args.apply)
+        summary = run(args.patches_dir, args.tree, args.apply, args.expect)
     except (Drift, OSError, KeyError, ValueError) as exc:
         print(f"runtime_patches verify FAILED: {exc}", file=sys.stderr)
         return 1

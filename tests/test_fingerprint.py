@@ -7,7 +7,7 @@ from qwen_hicache.fingerprint import FINGERPRINT_VERSION, fingerprint, fingerpri
 from qwen_hicache.plan import parse_spec
 from resources import example, variant
 
-GOLDEN_EXAMPLE = "v1-83b899a9008a1b8d"
+GOLDEN_EXAMPLE = "v1-294b2bdb43fa7478"
 
 
 def _fp(**changes: object) -> str:

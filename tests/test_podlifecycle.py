@@ -90,3 +90,48 @@ def test_grace_period_covers_drain_flush_and_shutdown() -> None:
     assert plan.grace_seconds == plan.drain_seconds + plan.flush_seconds + 30
     no_disk = drain_plan(parse_spec(variant(**{"spec.hicache.disk": {"enabled": False}})["spec"]), 10**9, 1)
     assert no_disk.flush_seconds == 0
+
+
+class _FlakyMetrics(_Runtime):
+    """`/metrics` fails (503) `failures` times, then reports no running requests."""
+
+    failures = 2
+    gets = 0
+
+    def do_GET(self) -> None:  # noqa: N802
+        type(self).gets += 1
+        if type(self).gets <= type(self).failures:
+            self.send_response(503)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'sglang:num_running_reqs{model_name="m"} 0\n')
+
+
+def _prestop(handler: type, drain: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {**os.environ, "QWEN_HICACHE_POD_HOST": "127.0.0.1", "QWEN_HICACHE_PORT": str(server.server_port),
+           "QWEN_HICACHE_DRAIN_SECONDS": drain, "QWEN_HICACHE_FLUSH_SECONDS": "3", "QWEN_HICACHE_ADMIN_API_KEY": "k"}
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", PRESTOP_SCRIPT], env=env, capture_output=True, text=True, timeout=60)
+    server.shutdown()
+    return out, time.monotonic() - started
+
+
+def test_prestop_treats_an_unreadable_metrics_endpoint_as_busy() -> None:
+    _FlakyMetrics.flushes, _FlakyMetrics.gets, _FlakyMetrics.failures = [], 0, 2
+    out, _ = _prestop(_FlakyMetrics, drain="20")
+    assert out.returncode == 0, out.stderr
+    assert _FlakyMetrics.gets == 3  # two failed reads did not end the wait; the third saw 0 running
+    assert out.stdout.count("running requests unknown") == 2
+    assert _FlakyMetrics.flushes == [("/flush_cache?timeout=3", "Bearer k")]
+
+
+def test_prestop_waits_out_the_deadline_when_metrics_never_answer() -> None:
+    _FlakyMetrics.flushes, _FlakyMetrics.gets, _FlakyMetrics.failures = [], 0, 10**6
+    out, seconds = _prestop(_FlakyMetrics, drain="2")
+    assert out.returncode == 0, out.stderr
+    assert seconds >= 2 and _FlakyMetrics.gets >= 2
+    assert _FlakyMetrics.flushes == [("/flush_cache?timeout=3", "Bearer k")]  # still flushes at the deadline

@@ -21,8 +21,10 @@ STORAGE_DIR_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
 MAX_SIZE_ENV = "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"
 ADMIN_KEY_ENV = "QWEN_HICACHE_ADMIN_API_KEY"
 ADMIN_SECRET_KEY = "api-key"
+DRAIN_TIMEOUT_ENV = "SGLANG_HICACHE_STORAGE_DRAIN_TIMEOUT"
+"""Runtime patch 0003: seconds the SIGTERM path keeps writing queued disk backups (default 8)."""
 MANAGED_ENV = frozenset({
-    STORAGE_DIR_ENV, MAX_SIZE_ENV, ADMIN_KEY_ENV, "QWEN_HICACHE_PORT", "QWEN_HICACHE_DRAIN_SECONDS",
+    STORAGE_DIR_ENV, MAX_SIZE_ENV, ADMIN_KEY_ENV, DRAIN_TIMEOUT_ENV, "QWEN_HICACHE_PORT", "QWEN_HICACHE_DRAIN_SECONDS",
     "QWEN_HICACHE_FLUSH_SECONDS", "QWEN_HICACHE_FINGERPRINT",
 })
 
@@ -153,6 +155,8 @@ def launch_env(spec: QwenHiCacheServerSpec, sizing: LaunchSizing, fingerprint: s
         env.append({"name": "QWEN_HICACHE_FINGERPRINT", "value": fingerprint})
         if sizing.disk_cap_bytes_per_rank:
             env.append({"name": MAX_SIZE_ENV, "value": str(sizing.disk_cap_bytes_per_rank)})
+        # What the preStop flush could not write is drained at SIGTERM within the same budget.
+        env.append({"name": DRAIN_TIMEOUT_ENV, "value": str(drain.flush_seconds)})
     env.append({"name": ADMIN_KEY_ENV,
                 "valueFrom": {"secretKeyRef": {"name": admin_secret, "key": ADMIN_SECRET_KEY}}})
     env += [

@@ -3,9 +3,12 @@
 - `cache-guard` init container: creates `<mount>/<fingerprint>/` with a marker file, refuses (exit 3) a
   directory whose marker names another configuration, and removes old namespaces beyond the spec's keep
   count. It runs before the runtime starts, so nothing can be reading what it removes.
-- preStop hook: waits (bounded) for running requests, then calls `/flush_cache?timeout=N` with the admin
-  key so queued host-to-disk writes land before SIGTERM (the runtime drops them at SIGTERM). A deleted pod
-  is already out of its Service's ready endpoints, so no new requests arrive while it drains.
+- preStop hook: waits (bounded) for running requests (an unreadable `/metrics` counts as busy), then
+  calls `/flush_cache?timeout=N` with the admin key so queued host-to-disk writes land before SIGTERM. The
+  runtime defers that flush until its tree cache has no write-through, load-back, prefetch or storage
+  backup in flight (`Scheduler.is_fully_idle`, pinned by tests/runtime). What is still queued at SIGTERM is
+  drained by runtime patch 0003 within the same budget (`SGLANG_HICACHE_STORAGE_DRAIN_TIMEOUT`). A deleted
+  pod is already out of its Service's ready endpoints, so no new requests arrive while it drains.
 - `terminationGracePeriodSeconds` covers the drain, the flush of a full host pool at the assumed disk
   write rate, and the runtime's own shutdown.
 """
@@ -53,9 +56,14 @@ def running():
     try:
         text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
     except Exception:
-        return 0.0
-    return sum(float(v) for v in re.findall(r"^sglang:num_running_reqs(?:[{][^}]*[}])? (\\S+)$", text, re.M))
-while running() > 0 and time.time() < deadline:
+        return None  # unknown is not idle: keep waiting (bounded by the deadline)
+    found = re.findall(r"^sglang:num_running_reqs(?:[{][^}]*[}])? (\\S+)$", text, re.M)
+    return sum(float(v) for v in found) if found else None
+while time.time() < deadline:
+    n = running()
+    if n == 0:
+        break
+    print("waiting: running requests", "unknown" if n is None else n, flush=True)
     time.sleep(1)
 flush = env["QWEN_HICACHE_FLUSH_SECONDS"]
 req = urllib.request.Request(base + "/flush_cache?timeout=" + flush, method="POST",

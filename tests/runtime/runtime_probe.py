@@ -382,6 +382,36 @@ def _method_from_source(path: str, cls: str, name: str) -> Callable:
     return namespace[name]
 
 
+def _module_function(path: str, names: tuple[str, ...]) -> dict:
+    """Compile module-level assignments and functions named ``names`` out of TREE's source (module imports stay out)."""
+    module = ast.parse((TREE / path).read_text())
+    keep = [
+        n for n in module.body
+        if (isinstance(n, ast.FunctionDef) and n.name in names)
+        or (isinstance(n, ast.Assign) and any(getattr(t, "id", None) in names for t in n.targets))
+    ]  # fmt: skip
+    namespace: dict = {"os": os}
+    exec(compile(ast.Module(keep, []), str(TREE / path), "exec"), namespace)
+    return namespace
+
+
+def exit_grace() -> dict:
+    """Seconds the tokenizer waits after ShutdownReq before it SIGKILLs the schedulers, per drain timeout."""
+    ns = _module_function(
+        "sglang/srt/managers/tokenizer_manager.py", ("_SCHEDULER_EXIT_TIMEOUT_SECS", "_scheduler_exit_timeout")
+    )
+    grace = ns.get("_scheduler_exit_timeout", lambda: ns["_SCHEDULER_EXIT_TIMEOUT_SECS"])
+    out = {}
+    for value in (None, "8", "120", "0"):
+        with mock.patch.dict(os.environ, {} if value is None else {"SGLANG_HICACHE_STORAGE_DRAIN_TIMEOUT": value}):
+            if value is None:
+                os.environ.pop("SGLANG_HICACHE_STORAGE_DRAIN_TIMEOUT", None)
+            out[str(value)] = float(grace())
+    source = (TREE / "sglang/srt/managers/tokenizer_manager.py").read_text()
+    out["used_for_the_kill_deadline"] = "deadline = time.monotonic() + _scheduler_exit_timeout()" in source
+    return out
+
+
 def shutdown_drain() -> dict:
     """Queue four page backups behind a slow disk, then run the graceful-shutdown release.
 
@@ -439,6 +469,6 @@ if __name__ == "__main__":
         for d in (truncated, short, oversized, unreadable, vanished, zeroed, zeroed_tail, sparse_hole, bit_flip,
                   old_format, foreign_tag)
     }
-    for fn in (crash_leftovers, durability, restart_round_trip, mamba_slots, shutdown_drain):
+    for fn in (crash_leftovers, durability, restart_round_trip, mamba_slots, shutdown_drain, exit_grace):
         report[fn.__name__] = run(fn)
     print(json.dumps(report))

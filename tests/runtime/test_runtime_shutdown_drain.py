@@ -34,3 +34,11 @@ def test_stop_without_drain_is_unchanged(probes: dict):
     """reset()/detach() stop the threads with no drain deadline: same as the parent."""
     stop = "stop_without_drain"
     assert probes["patched"]["shutdown_drain"][stop] == probes["parent"]["shutdown_drain"][stop] == {"written": 1}
+
+
+def test_sigkill_grace_covers_a_longer_drain_budget(probes: dict):
+    """The operator passes its flush budget as the drain timeout; the tokenizer must not SIGKILL mid-drain."""
+    patched, parent = probes["patched"]["exit_grace"], probes["parent"]["exit_grace"]
+    assert patched["None"] == patched["8"] == patched["0"] == 15.0  # default unchanged
+    assert patched["120"] == 127.0 and patched["used_for_the_kill_deadline"] is True
+    assert parent["120"] == 15.0  # the parent kills a 120 s drain after 15 s

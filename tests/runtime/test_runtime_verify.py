@@ -135,3 +135,36 @@ def test_modified_parent_file(tree_copy: Path):
     target = tree_copy / HICACHE
     target.write_bytes(target.read_bytes() + b"\n")
     assert_fails(verify("--tree", str(tree_copy), "--apply"), "content differs")
+
+
+def test_tree_must_be_the_patched_result_unless_told(tree_copy: Path):
+    """A parent tree where the patched one is expected fails closed; --expect parent/either accept it."""
+    assert_fails(verify("--tree", str(tree_copy)), "tree is the parent")
+    assert json.loads(verify("--tree", str(tree_copy), "--expect", "parent").stdout)["state"] == "parent"
+    assert json.loads(verify("--tree", str(tree_copy), "--expect", "either").stdout)["state"] == "parent"
+
+
+@pytest.mark.parametrize("where", ["file", "dir", "package"])
+def test_symlink_anywhere_in_the_tree(tree_copy: Path, tmp_path: Path, where: str):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    if where == "file":  # same bytes as the pinned file, but a link: still refused
+        target = tree_copy / HICACHE
+        (outside / "h.py").write_bytes(target.read_bytes())
+        target.unlink()
+        target.symlink_to(outside / "h.py")
+    elif where == "dir":
+        (tree_copy / "sglang/srt/linked").symlink_to(outside, target_is_directory=True)
+    else:
+        shutil.move(tree_copy / "sglang", outside / "sglang")
+        (tree_copy / "sglang").symlink_to(outside / "sglang", target_is_directory=True)
+    assert_fails(verify("--tree", str(tree_copy), "--apply"), "symlink in tree")
+    assert_fails(verify("--tree", str(tree_copy), "--expect", "either"), "symlink in tree")
+
+
+def test_manifest_wheel_hash_must_be_in_the_lock(patches_copy: Path):
+    edit_manifest(patches_copy, lambda m: m["parent"].update(wheel_sha256="ab" * 32))
+    assert_fails(verify(patches=patches_copy), "not among requirements.lock's hashes")
+    lock = patches_copy / "requirements.lock"
+    lock.write_text(lock.read_text().replace("\nsglang==0.5.23 ", "\nsglang==0.5.22 "))
+    assert_fails(verify(patches=patches_copy), "does not pin sglang==0.5.23")

@@ -1,0 +1,20 @@
+"""bench/file_tier.py runs (tiny smoke mode), so its figures stay reproducible; no timing is asserted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_file_tier_bench_smoke(wheel: Path, tmp_path: Path):
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench/file_tier.py"), "--smoke", "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {line.split("  ")[0].strip() for line in proc.stdout.splitlines()}
+    assert {"durable write MB/s", "disk read MB/s", "startup s (cap on)"} <= rows, proc.stdout
+    assert "stale .tmp left after startup          2         0" in proc.stdout  # the parent never sweeps
