@@ -382,6 +382,65 @@ def _method_from_source(path: str, cls: str, name: str) -> Callable:
     return namespace[name]
 
 
+def flush_idle() -> dict:
+    """The runtime's own idle check and deferred flush: what makes preStop's /flush_cache?timeout=N safe.
+
+    ``Scheduler.is_fully_idle`` is compiled out of TREE's scheduler.py (the module imports GPU code) and run
+    on a scheduler with nothing but HiCache work in flight; ``SchedulerFlushWrapper`` is imported as is.
+    """
+    import enum
+
+    # flush_wrapper.py runs as is, minus its io_struct import (which pulls in the OpenAI protocol models).
+    wrapper_path = TREE / "sglang/srt/managers/scheduler_components/flush_wrapper.py"
+    wrapper_module = ast.parse(wrapper_path.read_text())
+    wrapper_module.body = [
+        n for n in wrapper_module.body if not (isinstance(n, ast.ImportFrom) and n.module.endswith("io_struct"))
+    ]
+    wrapper_ns = {
+        "FlushCacheReqInput": lambda timeout_s=None: SimpleNamespace(timeout_s=timeout_s),
+        "FlushCacheReqOutput": lambda success, message="": SimpleNamespace(success=success, message=message),
+    }
+    exec(compile(wrapper_module, str(wrapper_path), "exec"), wrapper_ns)
+    SchedulerFlushWrapper, FlushCacheReqInput = wrapper_ns["SchedulerFlushWrapper"], wrapper_ns["FlushCacheReqInput"]
+
+    mode = enum.Enum("DisaggregationMode", "NULL PREFILL DECODE")
+    module = ast.parse((TREE / "sglang/srt/managers/scheduler.py").read_text())
+    klass = next(n for n in module.body if isinstance(n, ast.ClassDef) and n.name == "Scheduler")
+    fn = next(n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == "is_fully_idle")
+    fn.returns = None
+    namespace = {"DisaggregationMode": mode, "get_memory": lambda: SimpleNamespace(hicache_host_memory_mode="full")}
+    exec(compile(ast.Module([fn], []), "scheduler.py", "exec"), namespace)
+    is_fully_idle = namespace["is_fully_idle"]
+    ongoing = ("ongoing_write_through", "ongoing_load_back", "ongoing_prefetch", "ongoing_backup")
+    tree_cache = SimpleNamespace(enable_storage=True, **{name: {} for name in ongoing})
+    sched = SimpleNamespace(
+        running_batch=SimpleNamespace(is_empty=lambda: True, reqs=[]), chunked_req=None,
+        dllm_manager=SimpleNamespace(any_staging_reqs=lambda: False), last_batch=None, enable_overlap=False,
+        result_queue=[], _pp_microbatches_drained=lambda: True, waiting_queue=[], disaggregation_mode=mode.NULL,
+        grammar_manager=SimpleNamespace(grammar_queue=[]), enable_hisparse=False, enable_hierarchical_cache=True,
+        tree_cache=tree_cache, enable_lmcache=False, _engine_paused=False, disagg_decode_prealloc_queue=None,
+    )  # fmt: skip
+    out = {"idle_when_nothing_in_flight": is_fully_idle(sched)}
+    for name in ongoing:
+        getattr(tree_cache, name)[1] = object()
+        out[f"idle_with_{name}"] = is_fully_idle(sched)
+        getattr(tree_cache, name).clear()
+    flushes, sent = [], []
+    wrapper = SchedulerFlushWrapper(
+        flush_cache=lambda: (flushes.append(1), True)[1],
+        is_fully_idle=lambda: is_fully_idle(sched),
+        send_output=lambda output, req: sent.append(output.success),
+    )
+    tree_cache.ongoing_backup[7] = object()  # a storage backup of the last write-through is in flight
+    out["answered_at_once"] = wrapper.handle(FlushCacheReqInput(timeout_s=30.0)) is not None
+    wrapper.check_pending()
+    out["flushed_while_backup_in_flight"] = len(flushes)
+    tree_cache.ongoing_backup.clear()  # its storage ack arrives
+    wrapper.check_pending()
+    out["flushed_after_backup_acked"], out["reply"] = len(flushes), sent
+    return out
+
+
 def _module_function(path: str, names: tuple[str, ...]) -> dict:
     """Compile module-level assignments and functions named ``names`` out of TREE's source (module imports stay out)."""
     module = ast.parse((TREE / path).read_text())
@@ -469,6 +528,7 @@ if __name__ == "__main__":
         for d in (truncated, short, oversized, unreadable, vanished, zeroed, zeroed_tail, sparse_hole, bit_flip,
                   old_format, foreign_tag)
     }
-    for fn in (crash_leftovers, durability, restart_round_trip, mamba_slots, shutdown_drain, exit_grace):
+    for fn in (crash_leftovers, durability, restart_round_trip, mamba_slots, shutdown_drain, exit_grace,
+               flush_idle):
         report[fn.__name__] = run(fn)
     print(json.dumps(report))

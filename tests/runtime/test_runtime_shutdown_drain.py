@@ -42,3 +42,17 @@ def test_sigkill_grace_covers_a_longer_drain_budget(probes: dict):
     assert patched["None"] == patched["8"] == patched["0"] == 15.0  # default unchanged
     assert patched["120"] == 127.0 and patched["used_for_the_kill_deadline"] is True
     assert parent["120"] == 15.0  # the parent kills a 120 s drain after 15 s
+
+
+def test_flush_is_deferred_until_no_hicache_transfer_is_in_flight(probes: dict):
+    """preStop's `/flush_cache?timeout=N` is right only because of this runtime check; an upgrade that drops any
+    of the four conditions (or answers the deferred flush before they clear) fails here."""
+    for tree in ("patched", "parent"):
+        out = probes[tree]["flush_idle"]
+        assert "error" not in out, out.get("error")
+        assert out["idle_when_nothing_in_flight"] is True
+        for name in ("ongoing_write_through", "ongoing_load_back", "ongoing_prefetch", "ongoing_backup"):
+            assert out[f"idle_with_{name}"] is False, (tree, name)
+        assert out["answered_at_once"] is False  # deferred, not refused, while a storage backup is in flight
+        assert out["flushed_while_backup_in_flight"] == 0
+        assert out["flushed_after_backup_acked"] == 1 and out["reply"] == [True]
