@@ -184,7 +184,33 @@ def deferred_cow_problems(source: str) -> list[str]:
     return problems + [f"unfenced {n}" for n in names if n.endswith("mamba_pool.copy_from")]
 
 
+def load_fence_wiring_problems(source: str) -> list[str]:
+    """The scheduler must hand the forward stream to the cache controller as its H2D load fence (#36738's wiring):
+    without it ``HiCacheController.load`` has nothing to wait on and a load-back can overtake the forward."""
+    assigns = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Assign)]
+    wired = [
+        a for a in assigns
+        if any(ast.unparse(t) == "cache_controller.load_fence_stream" for t in a.targets)
+        and ast.unparse(a.value).endswith("model_runner.forward_stream")
+    ]  # fmt: skip
+    return [] if wired else ["cache_controller.load_fence_stream is not set to the forward stream"]
+
+
+def qsa_group_clamp_problems(source: str) -> list[str]:
+    """QSA indexer extend path: compressed-key group rows clamped to the chunk (clamp_max) before the gather."""
+    assigns = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Assign)]
+    clamped = [
+        a for a in assigns
+        if ast.unparse(a.targets[0]) == "group_locs" and ast.unparse(a.value).startswith("group_locs.clamp_max(")
+    ]  # fmt: skip
+    return [] if clamped else ["group_locs are not clamped to the source keys"]
+
+
 STRUCTURAL = {
+    "#36738 H2D load fence wired in the scheduler": ("sglang/srt/managers/scheduler.py", load_fence_wiring_problems),
+    "QSA indexer clamps compressed-key group rows": (
+        "sglang/srt/layers/attention/qsa/qsa_indexer.py", qsa_group_clamp_problems
+    ),
     "#38290 Triton router waits before bias load": (ROUTER_TRITON, router_triton_problems),
     "#38290 radix router waits before bias load": (ROUTER_RADIX, router_radix_problems),
     "#38851 strided decode gather zero-fills": (QSA_BACKEND, strided_gather_problems),
@@ -193,6 +219,13 @@ STRUCTURAL = {
 
 WAIT = "    if USE_PDL:\n        tl.extra.cuda.gdc_wait()\n"
 DOCTORED = {  # [(old, new), ...]: the parent with the fix undone (the pre-fix order where there was one)
+    "#36738 H2D load fence wired in the scheduler": [
+        ("cache_controller.load_fence_stream = (\n                    self.tp_worker.model_runner.forward_stream",
+         "cache_controller.load_fence_stream = (\n                    None")
+    ],
+    "QSA indexer clamps compressed-key group rows": [
+        ("            group_locs = group_locs.clamp_max(source_keys.shape[0] - 1)\n", "")
+    ],
     "#38290 Triton router waits before bias load": [
         (WAIT + "\n", ""),
         ("    live_m = mask_m\n", WAIT + "    live_m = mask_m\n"),
