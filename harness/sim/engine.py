@@ -12,7 +12,8 @@ tokens, deterministic text, ``meta_info.cached_tokens_details`` with ``--enable-
 
 What is real: the disk tier (``HiCacheFile`` from the pinned, patched wheel: file names, write,
 read, discard and prefix-existence code), the page-key chain, the 256-token prefetch threshold,
-write-through backup in the background (dropped on SIGTERM), SIGTERM's drain-then-exit order.
+write-through backup in the background, SIGTERM's drain-then-exit order (queued writes dropped by the
+parent; with the series, patch 0003's bounded drain, ``SGLANG_HICACHE_STORAGE_DRAIN_TIMEOUT``, default 8 s).
 What is simulated: the model (no weights, output is a hash), device/host pools (LRU sets sized by
 ``--sim-device-pages``/``--sim-host-pages``), timings, the page payloads (derived from the keys).
 """
@@ -110,10 +111,13 @@ class Engine:
         return self.tiers.DiskTier(hs, directory, a.served_model_name, a.tp_size, a.page_size, a.sim_write_delay)
 
     def drain(self) -> None:
-        """SIGTERM: /ready and /health turn 503, running requests finish; queued disk writes are dropped."""
+        """SIGTERM: /ready and /health turn 503, running requests finish; then queued disk writes are dropped
+        (parent) or written for at most the drain timeout (patch 0003, whose patched tree this engine reads)."""
         self.state = "stopping"
         while self.running:
             time.sleep(0.01)
+        if self.disk is not None and self.tree.get("patched"):
+            self.disk.wait_drained(max(0.0, float(os.environ.get("SGLANG_HICACHE_STORAGE_DRAIN_TIMEOUT", "8"))))
 
     # -- requests -----------------------------------------------------------------------------
     def _count(self, name: str, value: int) -> None:
@@ -194,7 +198,7 @@ class Engine:
             stats, page = self.disk.stats, self.args.page_size
             self.counters["prefetched_tokens_total"] = stats.prefetched_pages * page
             self.counters["backuped_tokens_total"] = stats.backuped_pages * page
-            self.counters["qwen_hicache_sim:corrupt_pages_total"] = stats.corrupt_pages
+            self.counters["qwen_hicache_sim:corrupt_pages_total"] = self.disk.corrupt_pages
         gauges = {
             "num_running_reqs": self.running,
             "hicache_host_used_tokens": len(self.host.pages) * self.args.page_size,
@@ -212,7 +216,8 @@ class Engine:
             "disk_dir": disk.directory if disk else None,
             "disk_files": disk.file_count() if disk else 0,
             "pending_writes": disk.pending() if disk else 0,
-            "corrupt_pages": disk.stats.corrupt_pages if disk else 0,
+            "corrupt_pages": disk.corrupt_pages if disk else 0,
+            "wrong_bytes_served": disk.stats.wrong_bytes_served if disk else 0,
             "read_errors": disk.stats.read_errors[-5:] if disk else [],
             "cold": self.args.sim_cold,
             "tree": self.tree,
