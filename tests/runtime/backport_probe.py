@@ -83,6 +83,38 @@ def mamba_cow_fence() -> dict:
     return out
 
 
+def read_side_waits() -> dict:
+    """HybridReqToTokenPool's read accessors during a HiCache load: each waits for its layer before reading.
+
+    Per accessor, the recorded order of ``wait_until(layer)`` and the read itself. The n-gram context is read
+    once before the layer loop and rides the first Mamba layer's transfer, so it waits for that layer.
+    """
+    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+
+    rec = _Recorder()
+    pool = object.__new__(HybridReqToTokenPool)
+    pool.__dict__.update(
+        start_layer=0,
+        mamba_map={1: 0, 3: 1, 6: 2},
+        layer_transfer_counter=SimpleNamespace(
+            consumer_index=0, wait_until=lambda i, r=rec: r.calls.append(("wait_until", i))
+        ),
+        mamba_pool=SimpleNamespace(mamba2_layer_cache=lambda i, r=rec: r.calls.append(("read_mamba", i))),
+        short_conv_pool=SimpleNamespace(layer_cache=lambda i, r=rec: r.calls.append(("read_short_conv", i))),
+        ngram_pool=SimpleNamespace(get_context=lambda idx, r=rec: r.calls.append(("read_ngram", idx.tolist()))),
+    )
+    out = {}
+    for name, call in (
+        ("mamba2_layer_cache", lambda: pool.mamba2_layer_cache(3)),
+        ("short_conv_layer_cache", lambda: pool.short_conv_layer_cache(4)),
+        ("get_ngram_context", lambda: pool.get_ngram_context(torch.tensor([2]))),
+    ):
+        rec.calls.clear()
+        call()
+        out[name] = list(rec.calls)
+    return out
+
+
 def run(fn) -> object:
     try:
         return fn()
@@ -91,4 +123,4 @@ def run(fn) -> object:
 
 
 if __name__ == "__main__":
-    print(json.dumps({fn.__name__: run(fn) for fn in (qsa_gather, mamba_cow_fence)}))
+    print(json.dumps({fn.__name__: run(fn) for fn in (qsa_gather, mamba_cow_fence, read_side_waits)}))

@@ -58,9 +58,9 @@ def patched_tree(parent_tree: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return site
 
 
-def _probe(tree: Path, work: Path) -> dict:
+def _probe(tree: Path, work: Path, only: str | None = None) -> dict:
     proc = subprocess.run(
-        [sys.executable, str(PROBE), str(tree), str(work)],
+        [sys.executable, str(PROBE), str(tree), str(work), *([only] if only else [])],
         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

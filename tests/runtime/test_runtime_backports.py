@@ -92,6 +92,44 @@ def test_36743_whole_slot_mamba_copy_waits_for_the_final_restored_layer(parent_p
     assert_cow_fenced(parent_probe["mamba_cow_fence"])
 
 
+READ_WAITS = {  # accessor: the calls it must make, in order (layer ids are model layers; start_layer 0)
+    "mamba2_layer_cache": [["wait_until", 3], ["read_mamba", 1]],
+    "short_conv_layer_cache": [["wait_until", 4], ["read_short_conv", 4]],
+    "get_ngram_context": [["wait_until", 1], ["read_ngram", [2]]],  # the first Mamba layer carries the PLE state
+}
+READ_WAIT_ANCHORS = {  # accessor: (old, new) in memory_pool.py that drops just its wait
+    "mamba2_layer_cache": (
+        "        if self.layer_transfer_counter is not None:\n"
+        "            self.layer_transfer_counter.wait_until(layer_id - self.start_layer)\n"
+        "        return self.mamba_map[layer_id]\n",
+        "        return self.mamba_map[layer_id]\n",
+    ),
+    "short_conv_layer_cache": (
+        "        if self.layer_transfer_counter is not None:\n"
+        "            self.layer_transfer_counter.wait_until(layer_id - self.start_layer)\n"
+        "        return self.short_conv_pool.layer_cache(layer_id)\n",
+        "        return self.short_conv_pool.layer_cache(layer_id)\n",
+    ),
+    "get_ngram_context": (
+        "            self.layer_transfer_counter.wait_until(first_mamba_layer - self.start_layer)\n",
+        "            pass\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("accessor", sorted(READ_WAITS))
+def test_read_side_accessors_wait_for_their_layer(parent_probe: dict, accessor: str):
+    assert parent_probe["read_side_waits"][accessor] == READ_WAITS[accessor]
+
+
+def test_read_side_wait_guards_fail_on_a_doctored_parent(tree_copy: Path):
+    """Drop each accessor's wait (memory_pool.py:1675, :1683, :1702): every one of those guards must then fail."""
+    for old, new in READ_WAIT_ANCHORS.values():
+        doctor(tree_copy / MEMORY_POOL, old, new)
+    out = run_probe(tree_copy)["read_side_waits"]
+    assert all(out[a] != READ_WAITS[a] for a in READ_WAITS), out
+
+
 def test_behavioural_guards_fail_on_a_doctored_parent(tree_copy: Path):
     """Drop the zero-fill store mask and the COW wait: both guards must then fail."""
     doctor(
