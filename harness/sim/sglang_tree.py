@@ -100,7 +100,9 @@ def patched_sglang_tree(cache_dir: Path | None = None, patched: bool = True) -> 
     trees = _cache_root(cache_dir) / "sglang-trees"
     trees.mkdir(parents=True, exist_ok=True)
     series, version = manifest.get("series_version", "unknown"), manifest["parent"]["version"]
-    key = f"{series}-patched" if patched else f"{version}-parent"
+    # The result digest too: a patch edited without a version bump must not reuse a stale tree.
+    result = manifest.get("result", {}).get("inventory_sha256", "")[:12]
+    key = f"{series}-{result}-patched" if patched else f"{version}-parent"
     dest = trees / key
     with open(trees / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # engines and tests may race to build it
