@@ -202,6 +202,22 @@ class Engine:
         }
         return render(self.args.served_model_name, self.counters, gauges)
 
+    def identity(self, path: str) -> dict:
+        """What a router reads to register the worker: the runtime's /v1/models, /model_info, /server_info.
+
+        Field subsets of SGLang 0.5.23's http_server.py answers (ModelList, model_info(), server_info())."""
+        a = self.args
+        if path == "/v1/models":
+            card = {"id": a.served_model_name, "object": "model", "created": 0, "owned_by": "sglang",
+                    "root": a.served_model_name, "max_model_len": None}
+            return {"object": "list", "data": [card]}
+        if path in ("/model_info", "/get_model_info"):
+            return {"model_path": a.model_path, "served_model_name": a.served_model_name,
+                    "tokenizer_path": a.model_path, "is_generation": True}
+        return {"model_path": a.model_path, "served_model_name": a.served_model_name, "tp_size": a.tp_size,
+                "page_size": a.page_size, "version": "0.5.23", "frontend": "python",
+                "internal_states": [{"num_running_reqs": self.running}]}
+
     def info(self) -> dict:
         disk = self.disk
         return {
@@ -255,6 +271,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, engine.metrics(), "text/plain; version=0.0.4; charset=utf-8")
         elif path == "/sim/info":
             self._send(200, engine.info())
+        elif path in ("/v1/models", "/model_info", "/get_model_info", "/server_info", "/get_server_info"):
+            self._send(200, engine.identity(path))
         elif path == "/flush_cache":
             self._flush()
         else:

@@ -88,6 +88,14 @@ Shared by the ClusterRole (cluster-wide mode) and every Role (namespace-scoped m
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create"]
+# The router (spec.router, replicas > 1): its Deployment, read to compare and server-side applied.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "patch"]
+# The router's worker manifest: read to compare and applied; the rollout rewrites it to drain a pod.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "patch"]
 {{- end -}}
 
 {{/* Namespaces the operator watches: the list, or empty for cluster-wide. */}}
