@@ -77,6 +77,7 @@ class Engine:
         self.state = "starting"
         self.lock = threading.Lock()
         self.running = 0
+        self.received = 0  # every /generate that reached this process, refused or not (routing tests count them)
         self.counters: dict[str, int] = {}
         self.device = tiers.LruTier(args.sim_device_pages)
         self.host = tiers.LruTier(args.sim_host_pages if args.enable_hierarchical_cache else 0)
@@ -223,6 +224,7 @@ class Engine:
         return {
             "state": self.state,
             "running": self.running,
+            "received": self.received,
             "device_pages": len(self.device.pages),
             "host_pages": len(self.host.pages),
             "disk_dir": disk.directory if disk else None,
@@ -299,6 +301,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def _generate(self, body: bytes) -> None:
         engine = self.server.engine
+        with engine.lock:
+            engine.received += 1
         if engine.state != "ready":
             self._send(503, {"error": f"server is {engine.state}"})
             return

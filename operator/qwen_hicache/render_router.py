@@ -90,6 +90,8 @@ def router_args(spec: QwenHiCacheServerSpec) -> list[str]:
         "--health-check-endpoint", "/health",
         "--health-check-interval-secs", str(HEALTH_CHECK_INTERVAL_SECONDS),
         "--worker-startup-check-interval", "2",
+        # A pod that crashed and came back (same name, new IP) gets its prefixes back within seconds, not a minute.
+        "--cb-timeout-duration-secs", "15",
         "--request-timeout-secs", str(spec.runtime.max_request_seconds),
         "--shutdown-grace-period-secs", str(min(spec.runtime.max_request_seconds, 600)),
         "--prometheus-port", str(r.metrics_port),
