@@ -185,7 +185,7 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny run (N=2, few conversations) for the test suite")
     args = ap.parse_args()
     if args.smoke:
-        args.replicas, args.conversations_per_replica, args.turns = [2], 3, 5
+        args.replicas, args.conversations_per_replica, args.turns = [2], 2, 5
     if not unshare_available():
         print("routing benchmark needs root and `unshare -m` (the cluster-DNS stand-in)", file=sys.stderr)
         return 2
