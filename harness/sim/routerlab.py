@@ -270,11 +270,11 @@ class RouterLab:
         """The rendered `smg launch` flags with the addresses and the manifest path of this lab."""
         args = render_router.router_args(self.spec)
         overrides = {"--host": self.router_ip, "--port": str(ROUTER_PORT), "--discovery-file": str(self.manifest_path),
-                     "--prometheus-port": str(ROUTER_PORT + 1)}
+                     "--prometheus-port": str(ROUTER_PORT + 1), "--prometheus-host": self.router_ip}
         for i, a in enumerate(args[:-1]):
             if a in overrides:
                 args[i + 1] = overrides[a]
-        return [smg_binary(), "launch", *args, "--prometheus-host", self.router_ip]
+        return [smg_binary(), "launch", *args]
 
     def start_router(self) -> None:
         script = f'mount --bind {self.shim.path} /etc/hosts && exec "$@"'
@@ -316,6 +316,29 @@ class RouterLab:
         after = self.received()
         moved = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if b > a]
         return (moved[0] if len(moved) == 1 else -1), meta
+
+
+def landing_replicas(router_url: str, model: str, texts: list[str], engine_urls: list[str]) -> list[int]:
+    """For any router in front of engine stand-ins (the demo's, say): the index in `engine_urls` of the replica
+    that served each text, sent one at a time through `router_url` (-1 when it cannot tell)."""
+
+    def received() -> list[int]:
+        out = []
+        for url in engine_urls:
+            try:
+                with urllib.request.urlopen(f"{url}/sim/info", timeout=5) as r:
+                    out.append(int(json.loads(r.read())["received"]))
+            except OSError:
+                out.append(0)
+        return out
+
+    landed = []
+    for text in texts:
+        before = received()
+        _post(f"{router_url}/generate", {"model": model, "text": text, "sampling_params": {"max_new_tokens": 8}}, 30)
+        moved = [i for i, (a, b) in enumerate(zip(before, received(), strict=True)) if b > a]
+        landed.append(moved[0] if len(moved) == 1 else -1)
+    return landed
 
 
 def _post(url: str, body: dict, timeout: float) -> dict:

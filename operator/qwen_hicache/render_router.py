@@ -94,6 +94,7 @@ def router_args(spec: QwenHiCacheServerSpec) -> list[str]:
         "--cb-timeout-duration-secs", "15",
         "--request-timeout-secs", str(spec.runtime.max_request_seconds),
         "--shutdown-grace-period-secs", str(min(spec.runtime.max_request_seconds, 600)),
+        "--prometheus-host", "0.0.0.0",
         "--prometheus-port", str(r.metrics_port),
         "--log-level", "info",
     ]  # fmt: skip

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-from harness.sim.routerlab import RouterLab
+from harness.sim.routerlab import ENGINE_PORT, MODEL, ROUTER_PORT, RouterLab, landing_replicas
 
 SYSTEM = ("You are the support assistant of a large online shop; answer briefly and politely. " * 12)[:900]
 
@@ -36,7 +36,8 @@ def test_affinity_survives_rolling_restart_and_router_restart(lab) -> None:
     assert all(_cached(m) >= 896 for _, m in after), [m.get("cached_tokens_details") for _, m in after]
     assert sum(m["cached_tokens_details"]["storage"] for _, m in after) > 0
     lab.restart_router()
-    assert [lab.landing(t)[0] for t in texts] == before
+    engines = [f"http://{p.ip}:{ENGINE_PORT}" for p in lab.pods]
+    assert landing_replicas(f"http://{lab.router_ip}:{ROUTER_PORT}", MODEL, texts, engines) == before
 
 
 def test_no_request_reaches_a_stopping_pod(lab) -> None:
