@@ -89,3 +89,11 @@ def test_router_is_on_by_default_only_with_several_replicas() -> None:
 
     assert not RouterSpec().active(1) and RouterSpec().active(2)
     assert RouterSpec(enabled=True).active(1) and not RouterSpec(enabled=False).active(4)
+
+
+def test_a_router_no_longer_wanted_is_scaled_to_zero_once() -> None:
+    spec = lab_spec(1).model_copy(update={"router": lab_spec(1).router.model_copy(update={"enabled": False})})
+    kube = FakeKube()
+    assert router.sync(kube, META, spec, {}, previous=None) is None and not kube.objects
+    assert router.sync(kube, META, spec, {}, previous={"policy": "prefix_hash"}) is None
+    assert kube.objects[("Deployment", "chat-router")]["spec"]["replicas"] == 0

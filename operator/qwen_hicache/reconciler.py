@@ -156,7 +156,7 @@ def _converge(kube: Kube, body: Obj, p: Plan, outcome: Outcome, now: str) -> Obs
         _annotate_claims(kube, meta, p.cache["fingerprint"])
     pods = kube.list("v1", "Pod", meta["namespace"], render.selector(meta["name"]))
     restart = _run_rollout(kube, body, p, pods, now)
-    routing = router.sync(kube, meta, p.spec, restart)  # seam "after warm check": verified pods are listed again
+    routing = router.sync(kube, meta, p.spec, restart, old.get("router"))  # seam "after warm check": listed again
     return Observed(sts=sts, restart=restart, pod_problems=_pod_problems(pods), admin_secret=secret, router=routing)
 
 

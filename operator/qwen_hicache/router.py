@@ -87,9 +87,17 @@ def ready_to_delete(kube: Kube, meta: Obj, spec: QwenHiCacheServerSpec, restart:
     return True
 
 
-def sync(kube: Kube, meta: Obj, spec: QwenHiCacheServerSpec, restart: Obj | None) -> Obj | None:
-    """After the rollout step: the manifest for the current restart state, and `status.router`."""
+def sync(kube: Kube, meta: Obj, spec: QwenHiCacheServerSpec, restart: Obj | None,
+         previous: Obj | None = None) -> Obj | None:
+    """After the rollout step: the manifest for the current restart state, and `status.router`.
+
+    A router that was running (`previous` status) and is no longer wanted is scaled to zero once (the client
+    Service already points at the pods again); its objects go with the resource."""
     if not active(spec):
+        if previous and spec is not None:
+            dep = render_router.get_router_deployment(meta, spec, owner_reference(meta))
+            dep["spec"]["replicas"] = 0
+            kube.apply(with_hash(dep))
         return None
     drained = drained_pods(restart)
     _apply_manifest(kube, meta, spec, drained)
