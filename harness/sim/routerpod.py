@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from harness.sim import images
 from harness.sim.routerlab import NameShim, smg_binary
@@ -83,7 +84,12 @@ class RouterPods:
             for v in p.spec.volumes or []:
                 if not v.config_map:
                     continue
-                data = self.core.read_namespaced_config_map(v.config_map.name, p.metadata.namespace).data or {}
+                try:
+                    data = self.core.read_namespaced_config_map(v.config_map.name, p.metadata.namespace).data or {}
+                except ApiException as exc:
+                    if exc.status == 404:  # not applied yet: a kubelet keeps the pod waiting for it
+                        continue
+                    raise
                 for d in self.root.glob(f".pods/{p.metadata.namespace}/{p.metadata.name}-*/volumes/{v.name}"):
                     for key, value in data.items():
                         target = d / key
