@@ -34,6 +34,7 @@ test: cluster lint
 bench: cluster
 	$(PY) bench/reconcile.py --compare 20
 	$(PY) bench/file_tier.py
+	$(PY) bench/routing.py
 
 crds: setup
 	$(VENV)/bin/qwen-hicache crd > crds/qwenhicacheservers.qwenhicache.io.yaml

@@ -78,6 +78,7 @@ class Engine:
         self.state = "starting"
         self.lock = threading.Lock()
         self.running = 0
+        self.received = 0  # every /generate that reached this process, refused or not (routing tests count them)
         self.counters: dict[str, int] = {}
         self.device = tiers.LruTier(args.sim_device_pages)
         self.host = tiers.LruTier(args.sim_host_pages if args.enable_hierarchical_cache else 0)
@@ -206,11 +207,28 @@ class Engine:
         }
         return render(self.args.served_model_name, self.counters, gauges)
 
+    def identity(self, path: str) -> dict:
+        """What a router reads to register the worker: the runtime's /v1/models, /model_info, /server_info.
+
+        Field subsets of SGLang 0.5.23's http_server.py answers (ModelList, model_info(), server_info())."""
+        a = self.args
+        if path == "/v1/models":
+            card = {"id": a.served_model_name, "object": "model", "created": 0, "owned_by": "sglang",
+                    "root": a.served_model_name, "max_model_len": None}
+            return {"object": "list", "data": [card]}
+        if path in ("/model_info", "/get_model_info"):
+            return {"model_path": a.model_path, "served_model_name": a.served_model_name,
+                    "tokenizer_path": a.model_path, "is_generation": True}
+        return {"model_path": a.model_path, "served_model_name": a.served_model_name, "tp_size": a.tp_size,
+                "page_size": a.page_size, "version": "0.5.23", "frontend": "python",
+                "internal_states": [{"num_running_reqs": self.running}]}
+
     def info(self) -> dict:
         disk = self.disk
         return {
             "state": self.state,
             "running": self.running,
+            "received": self.received,
             "device_pages": len(self.device.pages),
             "host_pages": len(self.host.pages),
             "disk_dir": disk.directory if disk else None,
@@ -260,6 +278,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, engine.metrics(), "text/plain; version=0.0.4; charset=utf-8")
         elif path == "/sim/info":
             self._send(200, engine.info())
+        elif path in ("/v1/models", "/model_info", "/get_model_info", "/server_info", "/get_server_info"):
+            self._send(200, engine.identity(path))
         elif path == "/flush_cache":
             self._flush()
         else:
@@ -286,6 +306,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def _generate(self, body: bytes) -> None:
         engine = self.server.engine
+        with engine.lock:
+            engine.received += 1
         if engine.state != "ready":
             self._send(503, {"error": f"server is {engine.state}"})
             return

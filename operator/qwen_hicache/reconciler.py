@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import DynamicApiError
 
-from . import drift, engine, render, rollout
+from . import drift, engine, render, rollout, router
 from .conditions import transitions
 from .kube import Kube
 from .plan import Plan, plan
@@ -66,7 +66,7 @@ def _apply_children(kube: Kube, objects: list[Obj], outcome: Outcome) -> Obj | N
     return sts
 
 
-OWNED_STATUS_KEYS = ("launch", "sizing", "cache", "restart", "adminSecret")
+OWNED_STATUS_KEYS = ("launch", "sizing", "cache", "restart", "adminSecret", "router")
 
 
 def _status_delta(new: Obj, old: Obj) -> Obj:
@@ -126,6 +126,8 @@ def _run_rollout(kube: Kube, body: Obj, p: Plan, pods: list[Obj], now: str) -> O
             res = engine.generate(act.ip, port, prompt) if act.ip else engine.CanaryResult(None, None, "no pod IP")
             rs = rollout.canary_sent(rs, act.pod, res.prompt_tokens, res.error)
         elif act.kind == "delete":
+            if not router.ready_to_delete(kube, meta, p.spec, rs, act.pod):
+                continue  # seam "before delete": the router still routes to it; delete on a later pass
             kube.delete_pod(meta["namespace"], act.pod, act.uid)
             rs = rollout.deleted(rs, act.pod, now)
         elif act.kind == "verify":
@@ -148,13 +150,14 @@ def reconcile(kube: Kube, body: Obj, post_event: EventSink, now: str | None = No
 def _converge(kube: Kube, body: Obj, p: Plan, outcome: Outcome, now: str) -> Observed:
     """Apply children, keep the cache bookkeeping, advance a rollout; report what was seen."""
     meta, old = body["metadata"], body.get("status") or {}
-    sts = _apply_children(kube, p.objects, outcome)
+    sts = _apply_children(kube, [o for o in p.objects if not router.is_manifest(o)], outcome)
     secret = _ensure_admin_secret(kube, meta, old, outcome)
     if p.cache:
         _annotate_claims(kube, meta, p.cache["fingerprint"])
     pods = kube.list("v1", "Pod", meta["namespace"], render.selector(meta["name"]))
     restart = _run_rollout(kube, body, p, pods, now)
-    return Observed(sts=sts, restart=restart, pod_problems=_pod_problems(pods), admin_secret=secret)
+    routing = router.sync(kube, meta, p.spec, restart, old.get("router"))  # seam "after warm check": listed again
+    return Observed(sts=sts, restart=restart, pod_problems=_pod_problems(pods), admin_secret=secret, router=routing)
 
 
 def _smallest_node_memory(kube: Kube, spec: Obj) -> int | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import launch, podlifecycle
+from . import launch, podlifecycle, render_router
 from .constants import (  # noqa: F401 - re-exported
     ANNOTATION_PREFIX,
     COMPONENT_LABEL,
@@ -277,4 +277,10 @@ def render_all(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizi
         get_client_service(meta, spec),
         get_statefulset(meta, spec, sizing, layout),
     ]
+    if spec.router.active(spec.replicas):  # the router's worker manifest is applied by router.py (rollout-aware)
+        owner = owner_reference(meta)
+        objects[1] = render_router.route_client_service(objects[1], meta, spec)
+        objects += [render_router.get_manifest_configmap(meta, spec, owner),
+                    render_router.get_router_service(meta, spec, owner),
+                    render_router.get_router_deployment(meta, spec, owner)]
     return [with_hash(o) for o in objects]

@@ -29,9 +29,9 @@ CANARY_TOKENS_HINT = 4096
 
 
 def config_hash(spec: QwenHiCacheServerSpec) -> str:
-    """Hash of every spec field whose change needs new pods (not replicas, rollout or restart)."""
+    """Hash of every spec field whose change needs new pods (not replicas, rollout, restart or router)."""
     wire = spec.wire()
-    for key in ("replicas", "restart", "rollout"):
+    for key in ("replicas", "restart", "rollout", "router"):  # router: its own Deployment, never new pods
         wire.pop(key, None)
     return hashlib.sha256(json.dumps(wire, sort_keys=True).encode()).hexdigest()[:16]
 

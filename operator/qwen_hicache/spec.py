@@ -284,6 +284,52 @@ class RolloutSpec(ApiModel):
     """Pause the rollout when a restarted pod serves the canary without a disk-cache hit."""
 
 
+RouterPolicy = Literal["prefix_hash", "cache_aware", "consistent_hashing", "power_of_two", "round_robin", "random"]
+
+
+class RouterSpec(ApiModel):
+    """A cache-affine router (Shepherd Model Gateway, `smg`) in front of the replicas.
+
+    Workers are the StatefulSet pods' stable DNS names (`<pod>.<server>-headless.<ns>.svc.cluster.local`),
+    listed in a file the operator owns, so a restarted pod (new IP) is the same worker and the default
+    `prefix_hash` policy sends a prefix where its pages are, also after a router restart (the hash ring is
+    built from the names alone). Rolling restarts take a pod out of that list before deleting it and put it
+    back after its warm-start check."""
+
+    enabled: bool | None = None
+    """Run the router; on by default when `replicas > 1`. The client Service then points at the router."""
+    image: Annotated[str, Field(min_length=1, max_length=512)] = "qwen-hicache-router:smg-1.13.0"
+    """Router image (`images/router`: `smg` from PyPI), by digest preferred."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """Pull policy for the router image."""
+    replicas: Annotated[int, Field(ge=1, le=16)] = 1
+    """Router pods. `prefix_hash` routes identically in every router pod (no shared state needed)."""
+    policy: RouterPolicy = "prefix_hash"
+    """`--policy`. `prefix_hash` is deterministic (survives router restarts); `cache_aware` keeps its prefix
+    trees in router memory, lost when the router restarts."""
+    prefix_tokens: Annotated[int, Field(ge=1, le=65536)] = 256
+    """`--prefix-token-count` for `prefix_hash` (untokenized text: four characters per token). Set it to about
+    the length of the shared system prompt plus a few tokens, so each conversation hashes on its own opening
+    and every later turn of it hashes the same."""
+    load_factor: Annotated[float, Field(ge=1.0, le=100.0)] = 1.25
+    """`--prefix-hash-load-factor`: a replica above this multiple of the mean in-flight load (and above it by
+    `balanceAbsThreshold` requests) gets no new prefixes, so one hot prefix cannot overload one replica."""
+    balance_abs_threshold: Annotated[int, Field(ge=0, le=100000)] = 4
+    """`--prefix-hash-balance-abs-threshold` (and `--balance-abs-threshold` for cache_aware)."""
+    port: Annotated[int, Field(ge=1024, le=65535)] = 8000
+    """HTTP port of the router container (the client Service keeps `runtime.port`)."""
+    metrics_port: Annotated[int, Field(ge=1024, le=65535)] = 29000
+    """`--prometheus-port`."""
+    cpu: Annotated[str, Field(pattern=QUANTITY)] = "1"
+    """CPU request of a router pod (the limit is twice this)."""
+    memory: Annotated[str, Field(pattern=QUANTITY)] = "1Gi"
+    """Memory request and limit of a router pod."""
+
+    def active(self, replicas: int) -> bool:
+        """Whether the router runs for this many serving replicas."""
+        return self.enabled if self.enabled is not None else replicas > 1
+
+
 class QwenHiCacheServerSpec(ApiModel):
     """Desired state of one SGLang HiCache serving deployment."""
 
@@ -299,6 +345,8 @@ class QwenHiCacheServerSpec(ApiModel):
     """Set to a new value (an id or a timestamp) to request a cache-aware rolling restart."""
     rollout: RolloutSpec = RolloutSpec()
     """How restarts roll through the replicas."""
+    router: RouterSpec = RouterSpec()
+    """The cache-affine router in front of the replicas (on by default when `replicas > 1`)."""
 
 
 _FLAG = re.compile(r"^(--[a-z0-9-]+)")

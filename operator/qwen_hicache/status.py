@@ -28,6 +28,7 @@ class Observed:
     apply_error: str | None = None
     pod_problems: tuple[str, ...] = ()
     admin_secret: str | None = None
+    router: Obj | None = None
 
 
 def _validity(plan: Plan) -> list[Condition]:
@@ -144,7 +145,7 @@ def build_status(plan: Plan, obs: Observed, old: Obj | None, generation: int, no
     }
     keep = plan.spec.hicache.disk.keep_old_namespaces if plan.spec else 0
     extras = {"launch": plan.launch, "sizing": plan.sizing, "cache": cache_history(plan.cache, old.get("cache"), keep),
-              "restart": obs.restart, "adminSecret": obs.admin_secret or old.get("adminSecret")}
+              "restart": obs.restart, "adminSecret": obs.admin_secret or old.get("adminSecret"), "router": obs.router}
     status.update({k: v for k, v in extras.items() if v})
     return without_nulls(status)
 

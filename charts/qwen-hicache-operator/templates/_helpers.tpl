@@ -88,6 +88,15 @@ Shared by the ClusterRole (cluster-wide mode) and every Role (namespace-scoped m
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create"]
+# The router (spec.router, replicas > 1): its Deployment, read to compare and server-side applied (a create
+# the first time). Never deleted: a router no longer wanted is scaled to zero; it goes with the resource.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "create", "patch"]
+# The router's worker manifest: read to compare and applied; the rollout rewrites it to drain a pod.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create", "patch"]
 {{- end -}}
 
 {{/* Namespaces the operator watches: the list, or empty for cluster-wide. */}}

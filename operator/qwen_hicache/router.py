@@ -1,0 +1,113 @@
+"""The rollout's seam to the router: take a pod out before it is deleted, put it back after its warm check.
+
+The router's worker list is the manifest ConfigMap (render_router), written here from `status.restart`:
+a pod whose restart has passed its canary (steps Delete, WaitingReady, Verify) is left out; once its
+replacement served the canary from disk it leaves `inFlight` and is listed again. The list is the only
+input: the router's health checks can neither re-add a pod that is not in it (a router restart reads the
+same file) nor keep one that is. The shell deletes a pod only when every ready router pod says, through its
+own `GET /workers`, that it no longer routes to it (absent, or `draining`): ConfigMap volume updates reach a
+pod with a delay, so the file alone proves nothing. Running requests finish: the pod's preStop hook waits for
+them before it flushes and stops.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from . import render_router
+from .drift import is_applied, with_hash
+from .kube import Kube
+from .render import owner_reference
+from .spec import QwenHiCacheServerSpec
+
+Obj = dict[str, Any]
+DRAINED_STEPS = ("Delete", "WaitingReady", "Verify")
+TIMEOUT_SECONDS = 3.0
+DISCOVERY_ID_LABEL = "smg.ai/discovery-id"
+
+
+def active(spec: QwenHiCacheServerSpec | None) -> bool:
+    return spec is not None and spec.router.active(spec.replicas)
+
+
+def is_manifest(obj: Obj) -> bool:
+    """The manifest ConfigMap is applied by `sync` (rollout-aware), not with the other children."""
+    return obj.get("kind") == "ConfigMap" and obj["metadata"]["name"].endswith("-router-workers")
+
+
+def drained_pods(restart: Obj | None) -> frozenset[str]:
+    """Pods the rollout has taken out of the router: past their canary, not yet verified warm."""
+    return frozenset(e["pod"] for e in (restart or {}).get("inFlight") or [] if e.get("step") in DRAINED_STEPS)
+
+
+def _apply_manifest(kube: Kube, meta: Obj, spec: QwenHiCacheServerSpec, drained: frozenset[str]) -> None:
+    obj = with_hash(render_router.get_manifest_configmap(meta, spec, owner_reference(meta), drained))
+    live = kube.get("v1", "ConfigMap", meta["namespace"], obj["metadata"]["name"])
+    if not is_applied(obj, live):
+        kube.apply(obj)
+
+
+def router_workers(ip: str, port: int, timeout: float = TIMEOUT_SECONDS) -> dict[str, str] | None:
+    """`{pod name: status}` from one router's `GET /workers` (None when it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://{ip}:{port}/workers", timeout=timeout) as resp:
+            body = json.loads(resp.read())
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+    out = {}
+    for w in body.get("workers") or []:
+        pod = (w.get("labels") or {}).get(DISCOVERY_ID_LABEL) or w.get("url", "")
+        out[pod] = "ready" if w.get("status") == "ready" and w.get("is_healthy") else str(w.get("status"))
+    return out
+
+
+def _ready_router_ips(kube: Kube, meta: Obj) -> dict[str, str]:
+    pods = kube.list("v1", "Pod", meta["namespace"], render_router.router_selector(meta["name"]))
+    out = {}
+    for pod in pods:
+        status = pod.get("status") or {}
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        if ready and status.get("podIP") and not pod["metadata"].get("deletionTimestamp"):
+            out[pod["metadata"]["name"]] = status["podIP"]
+    return out
+
+
+def ready_to_delete(kube: Kube, meta: Obj, spec: QwenHiCacheServerSpec, restart: Obj, pod: str) -> bool:
+    """Before delete: the pod is out of the manifest and no ready router pod routes to it any more."""
+    if not active(spec):
+        return True
+    _apply_manifest(kube, meta, spec, drained_pods(restart) | {pod})
+    for ip in _ready_router_ips(kube, meta).values():
+        workers = router_workers(ip, spec.router.port)
+        if workers is None or workers.get(pod) == "ready":
+            return False  # not confirmed yet: the ConfigMap has not reached that router, or it did not answer
+    return True
+
+
+def sync(kube: Kube, meta: Obj, spec: QwenHiCacheServerSpec, restart: Obj | None,
+         previous: Obj | None = None) -> Obj | None:
+    """After the rollout step: the manifest for the current restart state, and `status.router`.
+
+    A router that was running (`previous` status) and is no longer wanted is scaled to zero once (the client
+    Service already points at the pods again); its objects go with the resource."""
+    if not active(spec):
+        if previous and spec is not None:
+            dep = render_router.get_router_deployment(meta, spec, owner_reference(meta))
+            dep["spec"]["replicas"] = 0
+            kube.apply(with_hash(dep))
+        return None
+    drained = drained_pods(restart)
+    _apply_manifest(kube, meta, spec, drained)
+    status = render_router.router_status(spec, meta)
+    routers = {name: router_workers(ip, spec.router.port) for name, ip in _ready_router_ips(kube, meta).items()}
+    status["drained"] = sorted(drained)
+    status["readyRouters"] = sum(1 for w in routers.values() if w is not None)
+    status["workers"] = [
+        {"pod": f"{meta['name']}-{i}", "routers": {r: (w or {}).get(f"{meta['name']}-{i}", "absent")
+                                                     for r, w in sorted(routers.items())}}
+        for i in range(spec.replicas)
+    ]
+    return status

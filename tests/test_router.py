@@ -1,0 +1,99 @@
+"""The rollout's router seam (qwen_hicache.router): which pods are out of the manifest, and when a pod may go."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from qwen_hicache import render_router, router
+
+from harness.sim.routerlab import lab_spec
+
+META = {"name": "chat", "namespace": "lab", "uid": "u-1"}
+
+
+class FakeKube:
+    def __init__(self, router_pods: list[dict] | None = None) -> None:
+        self.objects: dict[tuple[str, str], dict] = {}
+        self.router_pods = router_pods or []
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
+        return self.objects.get((kind, name))
+
+    def apply(self, obj: dict) -> dict:
+        self.objects[(obj["kind"], obj["metadata"]["name"])] = obj
+        return obj
+
+    def list(self, api_version: str, kind: str, namespace: str, selector: dict) -> list[dict]:
+        assert selector == render_router.router_selector("chat")
+        return self.router_pods
+
+    def listed(self) -> list[str]:
+        cm = self.objects[("ConfigMap", render_router.manifest_name("chat"))]
+        return [w["id"] for w in json.loads(cm["data"][render_router.MANIFEST_KEY])["workers"]]
+
+
+def _router_pod(ip: str) -> dict[str, Any]:
+    return {"metadata": {"name": "chat-router-abc"},
+            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def test_drained_pods_are_those_past_their_canary() -> None:
+    rs = {"inFlight": [{"pod": "chat-0", "step": "Canary"}, {"pod": "chat-1", "step": "Delete"},
+                       {"pod": "chat-2", "step": "WaitingReady"}, {"pod": "chat-3", "step": "Verify"}]}
+    assert router.drained_pods(rs) == {"chat-1", "chat-2", "chat-3"}
+    assert router.drained_pods(None) == frozenset()
+
+
+def test_before_delete_writes_the_manifest_without_the_pod_and_waits_for_every_router(monkeypatch) -> None:
+    spec = lab_spec(3)
+    kube = FakeKube([_router_pod("10.0.0.9")])
+    answers = {"chat-0": "ready", "chat-1": "ready", "chat-2": "ready"}
+    monkeypatch.setattr(router, "router_workers", lambda ip, port: dict(answers))
+    rs = {"inFlight": [{"pod": "chat-2", "step": "Delete"}]}
+    assert not router.ready_to_delete(kube, META, spec, rs, "chat-2")  # the router has not re-read the file yet
+    assert kube.listed() == ["chat-0", "chat-1"]
+    answers["chat-2"] = "draining"
+    assert router.ready_to_delete(kube, META, spec, rs, "chat-2")
+    answers.pop("chat-2")
+    assert router.ready_to_delete(kube, META, spec, rs, "chat-2")
+
+
+def test_a_router_that_does_not_answer_blocks_the_delete(monkeypatch) -> None:
+    kube = FakeKube([_router_pod("10.0.0.9")])
+    monkeypatch.setattr(router, "router_workers", lambda ip, port: None)
+    assert not router.ready_to_delete(kube, META, lab_spec(2), {"inFlight": []}, "chat-1")
+
+
+@pytest.mark.parametrize("enabled", [False, None])
+def test_no_router_no_wait(enabled: bool | None) -> None:
+    spec = lab_spec(1).model_copy(update={"router": lab_spec(1).router.model_copy(update={"enabled": enabled})})
+    kube = FakeKube()
+    assert router.ready_to_delete(kube, META, spec, {}, "chat-0")
+    assert router.sync(kube, META, spec, {}) is None and not kube.objects
+
+
+def test_after_warm_check_the_pod_is_listed_again_and_status_says_so(monkeypatch) -> None:
+    kube = FakeKube([_router_pod("10.0.0.9")])
+    monkeypatch.setattr(router, "router_workers", lambda ip, port: {"chat-0": "ready", "chat-1": "ready"})
+    status = router.sync(kube, META, lab_spec(2), {"inFlight": [], "done": ["chat-1"]})
+    assert kube.listed() == ["chat-0", "chat-1"]
+    assert status["policy"] == "prefix_hash" and status["drained"] == [] and status["readyRouters"] == 1
+    assert status["workers"][1] == {"pod": "chat-1", "routers": {"chat-router-abc": "ready"}}
+    assert status["endpoint"] == "http://chat.lab.svc.cluster.local:30000"
+
+
+def test_router_is_on_by_default_only_with_several_replicas() -> None:
+    from qwen_hicache.spec import RouterSpec
+
+    assert not RouterSpec().active(1) and RouterSpec().active(2)
+    assert RouterSpec(enabled=True).active(1) and not RouterSpec(enabled=False).active(4)
+
+
+def test_a_router_no_longer_wanted_is_scaled_to_zero_once() -> None:
+    spec = lab_spec(1).model_copy(update={"router": lab_spec(1).router.model_copy(update={"enabled": False})})
+    kube = FakeKube()
+    assert router.sync(kube, META, spec, {}, previous=None) is None and not kube.objects
+    assert router.sync(kube, META, spec, {}, previous={"policy": "prefix_hash"}) is None
+    assert kube.objects[("Deployment", "chat-router")]["spec"]["replicas"] == 0
