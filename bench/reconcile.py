@@ -45,6 +45,7 @@ from harness.devcluster import DevCluster  # noqa: E402
 EXAMPLE = REPO / "examples" / "qwenhicache.yaml"
 BENCH_AGENT = "qwen-hicache-bench/1"
 MANAGED = "app.kubernetes.io/managed-by=qwen-hicache-operator"
+FINGERPRINT = "qwenhicache.io/fingerprint"
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 
 
@@ -120,12 +121,17 @@ def apply_all(api: client.ApiClient, docs: list[dict[str, Any]], threads: int) -
 
 
 def converged(api: client.ApiClient) -> int:
-    """How many resources have their StatefulSet, both Services and a current Ready/Progressing status."""
+    """How many resources have their StatefulSet, both Services, a current Ready/Progressing status and every
+    cache claim (made by the real StatefulSet controller, in its own time) annotated with the fingerprint."""
     apps, core, custom = client.AppsV1Api(api), client.CoreV1Api(api), client.CustomObjectsApi(api)
     sts = {(s.metadata.namespace, s.metadata.name) for s in apps.list_stateful_set_for_all_namespaces(
         label_selector=MANAGED).items}  # fmt: skip
     svc = {(s.metadata.namespace, s.metadata.name) for s in core.list_service_for_all_namespaces(
         label_selector=MANAGED).items}  # fmt: skip
+    annotated: dict[tuple[str, str], int] = collections.Counter(
+        (c.metadata.namespace, c.metadata.labels.get("app.kubernetes.io/instance", ""))
+        for c in core.list_persistent_volume_claim_for_all_namespaces(label_selector=MANAGED).items
+        if FINGERPRINT in (c.metadata.annotations or {}))
     done = 0
     for obj in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]:
         meta, status = obj["metadata"], obj.get("status") or {}
@@ -134,6 +140,7 @@ def converged(api: client.ApiClient) -> int:
         done += (
             key in sts and key in svc and (key[0], f"{key[1]}-headless") in svc
             and status.get("observedGeneration") == meta["generation"] and {"Ready", "Progressing"} <= types
+            and annotated[key] == obj["spec"].get("replicas", 1)
         )  # fmt: skip
     return done
 

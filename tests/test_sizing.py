@@ -341,3 +341,24 @@ def test_explicit_host_mamba_slots_take_the_whole_size_for_kv() -> None:
     assert 29.5e9 < kv_plus_index <= 30e9 + 64 * b.shapes.kv_bytes_per_token + b.shapes.index_bytes_per_page
     args = launch_args(explicit, b.launch_sizing())
     assert args[args.index("--hicache-mamba-host-slots") + 1] == "64"
+
+
+# --- the file count the cap implies (one flat HiCacheFile directory per rank) --------
+
+
+def test_status_reports_the_page_files_per_rank_by_pool():
+    s = sized(example())
+    status = s.as_status()
+    pages = status["pagesPerRank"]
+    assert status["filesPerRankByPool"] == {"kv": pages, "indexer": pages, "mamba": pages}
+    assert status["filesPerRank"] == 3 * pages and pages * s.shapes.mamba_bytes_per_slot <= s.disk.cap_bytes_per_rank
+    assert not any("page files per rank" in n for n in s.notes)
+
+
+def test_a_cap_that_implies_millions_of_files_is_warned_about():
+    raw = example()
+    raw["hicache"]["disk"] = {**raw["hicache"]["disk"], "capPerRank": "20Ti", "size": "46Ti"}
+    s = sized(raw)
+    assert s.disk_files is not None and s.disk_files.files > 2_000_000
+    assert any("ENOSPC" in n and "page files per rank" in n for n in s.notes)
+    assert not s.problems  # a warning, not a refusal

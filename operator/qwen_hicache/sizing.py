@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from .disk_files import DiskFiles, disk_files
 from .geometry import Geometry, GeometryError, profile_fields_merged, resolve_geometry
 from .launch import LaunchSizing
 from .spec import QwenHiCacheServerSpec
@@ -548,6 +549,7 @@ class Sizing:
     shm_bytes: int
     disk: Disk
     context_length: int | None
+    disk_files: DiskFiles | None = None
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -624,6 +626,7 @@ class Sizing:
             "diskCapBytesPerRank": self.disk.cap_bytes_per_rank,
             "diskVolumeBytes": self.disk.volume_bytes,
             "diskHeadroomFraction": float(DISK_HEADROOM_FRACTION),
+            **(self.disk_files.as_status() if self.disk_files else {}),
             "memoryTerms": [asdict(t) for t in self.terms],
             "notes": list(self.notes),
             "problems": list(self.problems),
@@ -736,6 +739,11 @@ def compute_sizing(spec: QwenHiCacheServerSpec) -> Sizing:
     disk = size_disk(
         spec, page * shapes.kv_bytes_per_token + shapes.index_bytes_per_page + shapes.mamba_bytes_per_slot
     )
+    files = None
+    if disk.cap_bytes_per_rank:  # one flat directory per rank: how many files the cap implies (disk_files.py)
+        pools = {"kv": page * shapes.kv_bytes_per_token, "indexer": shapes.index_bytes_per_page,
+                 "mamba": shapes.mamba_bytes_per_slot}  # fmt: skip
+        files = disk_files(disk.cap_bytes_per_rank, pools)
     node = getattr(rt, "node_memory", None)
     sizing = Sizing(
         tp,
@@ -750,7 +758,8 @@ def compute_sizing(spec: QwenHiCacheServerSpec) -> Sizing:
         shm,
         disk,
         rt.context_length,
-        notes=[*_input_notes(spec, g), *_notes(dev, host)],
+        files,
+        notes=[*_input_notes(spec, g), *_notes(dev, host), *([files.warning] if files and files.warning else [])],
     )
     node_bytes = parse_quantity(node, "runtime.nodeMemory") if node else None
     sizing.problems.extend([*disk.problems, *check_fit(sizing, node_bytes)])

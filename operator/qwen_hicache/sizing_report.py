@@ -28,6 +28,7 @@ _ROWS: tuple[tuple[str, str, str], ...] = (
     ("shmBytes", "B", "/dev/shm (memory-backed emptyDir) size"),
     ("diskCapBytesPerRank", "B", "file tier cap per rank (SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE)"),
     ("diskVolumeBytes", "B", "cache volume per replica: TP ranks x cap + filesystem headroom"),
+    ("filesPerRank", "files", "page files a full cap holds in the rank's one flat directory (all pools)"),
 )
 
 
