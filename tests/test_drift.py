@@ -33,3 +33,11 @@ def test_lists_compare_by_length_and_position() -> None:
     assert not is_subset([1], [1, 2])
     assert not is_subset([1, 2], [2, 1])
     assert is_subset([{"a": 1}], [{"a": 1, "b": 2}])
+
+
+def test_quantities_compare_by_value_as_the_api_server_stores_them():
+    from qwen_hicache.drift import is_subset
+
+    assert is_subset({"cpu": "2000m", "memory": "1Gi"}, {"cpu": "2", "memory": "1073741824"})
+    assert not is_subset({"cpu": "2500m"}, {"cpu": "2"})
+    assert not is_subset({"name": "2000m"}, {"name": "a"})

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
+from kubernetes.utils import parse_quantity
+
 from .constants import HASH_ANNOTATION  # noqa: F401 - re-exported
+
+_QUANTITY = re.compile(r"^[+-]?[0-9.]+(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?[0-9]+)?$")
 
 
 def content_hash(obj: Any) -> str:
@@ -27,12 +32,20 @@ def with_hash(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def is_subset(want: Any, have: Any) -> bool:
-    """True when every value in `want` appears in `have` (lists element-wise, same length)."""
+    """True when every value in `want` appears in `have` (lists element-wise, same length). Quantities compare by
+    value: the API server stores them canonically ("2000m" comes back as "2"), and the hash annotation still
+    catches any change of the desired object itself."""
     if isinstance(want, dict):
         return isinstance(have, dict) and all(k in have and is_subset(v, have[k]) for k, v in want.items())
     if isinstance(want, list):
         return isinstance(have, list) and len(want) == len(have) and all(map(is_subset, want, have))
-    return want == have
+    return want == have or (isinstance(want, str) and isinstance(have, str) and _same_quantity(want, have))
+
+
+def _same_quantity(a: str, b: str) -> bool:
+    if not (_QUANTITY.match(a) and _QUANTITY.match(b)):
+        return False
+    return parse_quantity(a) == parse_quantity(b)
 
 
 def is_applied(desired: dict[str, Any], live: dict[str, Any] | None) -> bool:

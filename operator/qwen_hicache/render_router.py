@@ -154,9 +154,9 @@ def _router_container(spec: QwenHiCacheServerSpec) -> Obj:
 
 
 def _double(cpu: str) -> str:
-    if cpu.endswith("m"):
-        return f"{int(float(cpu[:-1]) * 2)}m"
-    return f"{int(float(cpu) * 2000)}m"
+    """Twice `cpu`, written as the API server stores it (whole cores without a suffix)."""
+    milli = int(float(cpu[:-1]) * 2) if cpu.endswith("m") else int(float(cpu) * 2000)
+    return str(milli // 1000) if milli % 1000 == 0 else f"{milli}m"
 
 
 def get_router_deployment(meta: Obj, spec: QwenHiCacheServerSpec, owner: Obj) -> Obj:
