@@ -83,7 +83,9 @@ class Kube:
         try:
             nodes = self._resource("v1", "Node").get(label_selector=sel).to_dict()["items"]
         except DynamicApiError as err:
-            if err.status not in (403, 404):
+            # 400/422: a selector the API server cannot parse (the CRD refuses those; an object stored under an
+            # older CRD may still carry one): skip the node check, the spec check names the field.
+            if err.status not in (400, 403, 404, 422):
                 raise
             nodes = []
         self._nodes[sel] = (time.monotonic(), nodes)

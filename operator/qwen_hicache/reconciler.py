@@ -194,12 +194,18 @@ def _post_transitions(body: Obj, new: list, old: list | None, post_event: EventS
     changed = [c for c in transitions(new, old) if c.type != "Progressing"]
     if not old:
         post_event(body, "Normal", "Accepted", "; ".join(f"{c.type}={c.status}" for c in changed))
-        changed = [c for c in changed if _is_bad(c.type, c.status)]
+        changed = [c for c in changed if _is_bad(c.type, c.status, c.reason)]
     for c in changed:
-        kind = "Warning" if _is_bad(c.type, c.status) else "Normal"
+        kind = "Warning" if _is_bad(c.type, c.status, c.reason) else "Normal"
         post_event(body, kind, c.reason, f"{c.type}={c.status}: {c.message}".rstrip(": "))
 
 
-def _is_bad(ctype: str, status: str) -> bool:
+NOT_A_WARNING = {("CachePersistent", "DiskTierDisabled")}
+"""False, but by the admin's own choice (a server without a disk tier): no Warning event."""
+
+
+def _is_bad(ctype: str, status: str, reason: str = "") -> bool:
     """Whether a condition in this state needs the admin's attention (a Warning event)."""
+    if (ctype, reason) in NOT_A_WARNING:
+        return False
     return status == ("True" if ctype == "Degraded" else "False") and ctype != "Ready"
