@@ -9,14 +9,14 @@ from __future__ import annotations
 import secrets
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import DynamicApiError
 
-from . import drift, engine, render, rollout, router
+from . import disk_change, drift, engine, policies, render, rollout, router
 from .conditions import transitions
 from .kube import Kube
 from .plan import Plan, plan
@@ -169,10 +169,55 @@ def _smallest_node_memory(kube: Kube, spec: Obj) -> int | None:
     return min(sizes) if sizes else None
 
 
+def _cache_claims(kube: Kube, meta: Obj) -> list[Obj]:
+    prefix = f"{render.CACHE_VOLUME}-{meta['name']}-"
+    claims = kube.list("v1", "PersistentVolumeClaim", meta["namespace"], render.selector(meta["name"]))
+    return [c for c in claims if c["metadata"]["name"].startswith(prefix)]
+
+
+def _expand_claims(kube: Kube, meta: Obj, size: str) -> str | None:
+    """Expand every cache claim below `size`; the API server's refusal (StorageClass without
+    allowVolumeExpansion, an unbound claim) comes back as the reason, nothing half-done is hidden."""
+    for name in disk_change.claims_to_expand(_cache_claims(kube, meta), size):
+        try:
+            kube.resize_claim(meta["namespace"], name, size)
+        except (ApiException, DynamicApiError) as err:
+            detail = getattr(err, "summary", lambda: "")() or getattr(err, "body", "") or str(err)
+            return (f"hicache.disk.size grew to {size}, but cache volume {name} cannot be expanded: {detail}; "
+                    "use a StorageClass with allowVolumeExpansion: true, or set hicache.disk.size back")
+    return None
+
+
+def _disk_step(kube: Kube, body: Obj, p: Plan, post_event: EventSink, outcome: Outcome) -> Plan:
+    """A changed disk tier as a real operation (see disk_change): expand claims, re-create the StatefulSet
+    without its pods, or refuse with the reason. The new set is applied once the old one is gone."""
+    meta = body["metadata"]
+    desired = next((o for o in p.objects if o["kind"] == "StatefulSet"), None)
+    if desired is None:
+        return p
+    live = kube.get("apps/v1", "StatefulSet", meta["namespace"], meta["name"])
+    later = replace(p, objects=[o for o in p.objects if o["kind"] != "StatefulSet"])
+    if live is not None and live["metadata"].get("deletionTimestamp"):
+        return later  # being orphaned: its deletion event triggers the reconcile that applies the new set
+    change = disk_change.classify(live, desired)
+    if change.kind == "none":
+        return p
+    if change.refused:
+        return replace(p, objects=[], problems=[policies.Problem(change.reason, change.message), *p.problems])
+    if change.kind == "grow" and (why := _expand_claims(kube, meta, change.size or "")):
+        return replace(p, objects=[], problems=[policies.Problem("DiskExpansionRefused", why), *p.problems])
+    if kube.delete_orphaning("apps/v1", "StatefulSet", meta["namespace"], meta["name"], live["metadata"]["uid"]):
+        outcome.applied.append(f"StatefulSet/{meta['name']} (deleted, pods orphaned)")
+        post_event(body, "Normal", change.reason, change.message)
+    return later
+
+
 def _reconcile_locked(kube: Kube, body: Obj, post_event: EventSink, now: str) -> Outcome:
     meta, old = body["metadata"], body.get("status") or {}
     p = plan(meta, body.get("spec") or {}, _smallest_node_memory(kube, body.get("spec") or {}))
     outcome = Outcome()
+    if not p.blocked:
+        p = _disk_step(kube, body, p, post_event, outcome)
     obs = Observed()
     if not p.blocked:
         try:
