@@ -42,6 +42,15 @@ class DiskChange:
         return self.kind in ("shrink", "class")
 
 
+def _human(quantity: str) -> str:
+    """`644245094400` as `600Gi` (what the admin wrote), other values unchanged."""
+    n = parse_quantity(quantity)
+    for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20)):
+        if n >= size and n % size == 0:
+            return f"{int(n // size)}{unit}"
+    return quantity
+
+
 def _claim(sts: Obj | None) -> Obj | None:
     templates = ((sts or {}).get("spec") or {}).get("volumeClaimTemplates") or []
     return templates[0] if templates else None
@@ -82,12 +91,12 @@ def classify(live: Obj | None, desired: Obj) -> DiskChange:
     old_bytes, new_bytes = parse_quantity(_storage(old)), parse_quantity(_storage(new))
     if new_bytes < old_bytes:
         return DiskChange("shrink", "DiskShrinkRefused",
-                          f"hicache.disk.size asks for {_storage(new)} per volume but the cache volumes have "
-                          f"{_storage(old)}: a volume cannot shrink; set hicache.disk.size to at least "
-                          f"{_storage(old)} (or lower capPerRank to use less of it)")
+                          f"hicache.disk.size asks for {_human(_storage(new))} per volume but the cache volumes have "
+                          f"{_human(_storage(old))}: a volume cannot shrink; set hicache.disk.size to at least "
+                          f"{_human(_storage(old))} (or lower capPerRank to use less of it)")
     if new_bytes > old_bytes:
         return DiskChange("grow", "DiskExpanding",
-                          f"growing the cache volumes from {_storage(old)} to {_storage(new)} in place "
+                          f"growing the cache volumes from {_human(_storage(old))} to {_human(_storage(new))} in place "
                           "(pods keep running)", size=_storage(new))
     if _comparable(old) != _comparable(new):
         return DiskChange("recreate", "DiskTemplateChanged", "the cache volume template changed: re-creating the "
