@@ -136,7 +136,7 @@ def test_speculative_rewrite_is_the_runtimes_statement(tree: Path) -> None:
                 declared: dict = {}
                 cfg = SimpleNamespace(speculative_eagle_topk=topk, speculative_num_steps=steps,
                                       speculative_num_draft_tokens=draft)
-                scope["rewrite"](cfg, None, lambda _sa, _src, **kw: declared.update(kw), quiet)
+                scope["rewrite"](cfg, None, lambda _sa, _src, d=declared, **kw: d.update(kw), quiet)
                 rewritten = declared.get("speculative_num_draft_tokens", draft) != draft
                 doc = variant(**{"spec.runtime.speculative": {"algorithm": "NEXTN", "numSteps": steps,
                                                               "eagleTopk": topk, "numDraftTokens": draft},
