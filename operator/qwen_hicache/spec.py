@@ -234,7 +234,7 @@ class RuntimeSpec(ApiModel):
     """Extended resource that provides GPUs; the pod asks for `tensorParallelSize` of it."""
     node_selector: Annotated[
         dict[str, Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)]],
-        Field(json_schema_extra={"maxProperties": 64}),
+        Field(max_length=64),
     ] = {}
     """Node labels the pods must match."""
     tolerations: Annotated[list[Toleration], Field(max_length=64)] = []

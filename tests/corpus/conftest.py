@@ -1,0 +1,43 @@
+"""The operator for the corpus module, with every log record it writes kept so the test can demand no tracebacks."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kopf.testing import KopfRunner
+
+
+class Records(logging.Handler):
+    """Keeps records with a traceback or at ERROR and above."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.bad: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info or record.levelno >= logging.ERROR or "Traceback" in record.getMessage():
+            self.bad.append(record)
+
+    def report(self) -> str:
+        return "\n".join(f"{r.name}: {r.getMessage()}" + (f"\n{self.format(r)}" if r.exc_info else "")
+                         for r in self.bad)
+
+
+@pytest.fixture(scope="module")
+def operator_log(crd: None, devcluster: Any) -> Iterator[Records]:
+    """The operator, cluster-wide, for the whole module; yields its bad log records (must stay empty)."""
+    records = Records()
+    logging.getLogger().addHandler(records)
+    argv = ["run", "--standalone", "--all-namespaces", "-m", "qwen_hicache.handlers"]
+    try:
+        with KopfRunner(argv, timeout=60) as runner:
+            time.sleep(1.0)  # let the watch streams start before the first object is created
+            yield records
+    finally:
+        logging.getLogger().removeHandler(records)
+    assert runner.exception is None, runner.output
+    assert "Traceback" not in runner.output, runner.output
