@@ -45,3 +45,9 @@ def test_claims_below_the_new_size_are_expanded() -> None:
     claims = [{"metadata": {"name": f"hicache-x-{i}"}, "spec": {"resources": {"requests": {"storage": s}}}}
               for i, s in enumerate(["600Gi", "800Gi"])]
     assert disk_change.claims_to_expand(claims, "800Gi") == ["hicache-x-0"]
+
+
+def test_growing_keeps_the_pods_target_and_enabling_changes_it() -> None:
+    target = plan(META, variant()["spec"]).target
+    assert plan(META, variant(**{"spec.hicache.disk.size": "800Gi"})["spec"]).target == target
+    assert plan(META, variant(**{"spec.hicache.disk": {"enabled": False}})["spec"]).target != target
