@@ -150,3 +150,57 @@ def test_geometry_without_kv_layers_is_refused_not_crashed() -> None:
     doc = variant(**{"spec.model.geometry": {"fullAttentionLayers": 0}, "spec.runtime.speculative": DELETE})
     spec = parse_spec(doc["spec"])
     assert [p.reason for p in policies.geometry_problems(spec)] == ["NoKVLayers"]
+
+
+def _module_parts(source: str, *names: str) -> dict:
+    """Execute the named top-level assignments and functions of a runtime module, nothing else."""
+    mod = ast.parse(source)
+    keep = [n for n in mod.body if (isinstance(n, ast.FunctionDef) and n.name in names) or (
+        isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id in names for t in n.targets))]
+    assert len(keep) == len(names), f"runtime code changed: found {len(keep)} of {names}"
+    scope: dict = {}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), "runtime", "exec"), scope)
+    return scope
+
+
+TEXT_CONFIGS = [
+    {"max_position_embeddings": 262144},
+    {"max_position_embeddings": 32768, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+    {"max_position_embeddings": 32768, "rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 8192}},
+    {"max_position_embeddings": 8192, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+    {"seq_length": 4096, "max_position_embeddings": 131072},
+    {"model_max_length": 65536},
+]
+
+
+def test_context_length_is_derived_as_the_runtime_does(tree: Path) -> None:
+    from qwen_hicache.geometry import CONTEXT_LENGTH_KEYS, max_context_length
+
+    src = (tree / "sglang/srt/utils/hf_transformers/common.py").read_text()
+    runtime = _module_parts(src, "CONTEXT_LENGTH_KEYS", "get_context_length")
+    assert tuple(runtime["CONTEXT_LENGTH_KEYS"]) == CONTEXT_LENGTH_KEYS
+    for text in TEXT_CONFIGS:
+        attrs = {k: None for k in (*CONTEXT_LENGTH_KEYS, "rope_scaling")} | text
+        assert max_context_length(text) == runtime["get_context_length"](SimpleNamespace(**attrs)), text
+
+
+def test_longer_context_override_reads_env_as_the_runtime(tree: Path) -> None:
+    src = (tree / "sglang/srt/environ.py").read_text()
+    parse = ast.unparse(_function(src, "EnvBool", "parse"))
+    scope: dict = {}
+    exec(parse, scope)
+    assert f"{policies.ALLOW_LONGER_CONTEXT_ENV} = EnvBool(False)" in src
+    for value in ["1", "true", "TRUE", "Yes", "y", "0", "no", "false", "on", ""]:
+        try:
+            runtime = scope["parse"](None, value)
+        except ValueError:
+            runtime = False  # the runtime cannot start with it: the refusal stands
+        assert (value.lower() in policies._TRUE) == runtime, value
+
+
+def test_context_longer_than_the_model_is_refused_unless_overridden() -> None:
+    geometry = {"maxContextLength": 262144}
+    doc = variant(**{"spec.model.geometry": geometry, "spec.runtime.contextLength": 524288})
+    assert [p.reason for p in policies.geometry_problems(parse_spec(doc["spec"]))] == ["ContextLengthTooLong"]
+    doc["spec"]["runtime"]["env"] = [{"name": policies.ALLOW_LONGER_CONTEXT_ENV, "value": "1"}]
+    assert policies.geometry_problems(parse_spec(doc["spec"])) == []

@@ -169,7 +169,26 @@ def no_kv_layers(spec: QwenHiCacheServerSpec, g: Geometry) -> Problem | None:
     )
 
 
-GEOMETRY_CHECKS = (no_kv_layers, tp_vs_kv_heads)
+ALLOW_LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+_TRUE = ("true", "1", "yes", "y")
+"""The runtime's EnvBool truthy spellings (tests compare)."""
+
+
+def context_too_long(spec: QwenHiCacheServerSpec, g: Geometry) -> Problem | None:
+    """The runtime refuses a context longer than the model's derived one unless its override is set."""
+    asked, limit = spec.runtime.context_length, g.max_context_length
+    allowed = any(e.name == ALLOW_LONGER_CONTEXT_ENV and e.value.lower() in _TRUE for e in spec.runtime.env)
+    if asked is None or limit is None or asked <= limit or allowed:
+        return None
+    return Problem(
+        "ContextLengthTooLong",
+        f"runtime.contextLength {asked} is longer than the model's {limit} (derived from config.json as the runtime "
+        f"does; the runtime refuses it at startup); lower contextLength to at most {limit}, or set runtime.env "
+        f"{ALLOW_LONGER_CONTEXT_ENV}=1 to make the runtime accept it (it warns of incorrect outputs)",
+    )
+
+
+GEOMETRY_CHECKS = (no_kv_layers, tp_vs_kv_heads, context_too_long)
 
 
 def geometry_problems(spec: QwenHiCacheServerSpec) -> list[Problem]:

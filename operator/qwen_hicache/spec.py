@@ -266,7 +266,7 @@ class RuntimeSpec(ApiModel):
 _DISK_SIZE_MESSAGE = "disk tier is enabled but has no size: set hicache.disk.size (volume per replica) or capPerRank"
 
 
-_SIZE_RANGE = ("1Gi", "1Pi")
+_SIZE_RANGE = ("1Mi", "1Pi")
 _CAP_RANGE = ("1Mi", "1Pi")
 _RATE_RANGE = ("1Mi", "1Ti")
 """A slower assumed disk would stretch the termination grace period beyond reason (0 B/s: ~1,900 years)."""

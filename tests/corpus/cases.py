@@ -73,7 +73,7 @@ SCHEMA = [
     # the disk tier
     api("disk-no-size", "disk tier is enabled but has no size", **{D: {"enabled": True}}),
     api("disk-size-gb", "size", **{f"{D}.size": "600GB"}),
-    api("disk-size-zero", "hicache.disk.size must be at least 1Gi", **{f"{D}.size": "0"}),
+    api("disk-size-zero", "hicache.disk.size must be at least 1Mi", **{f"{D}.size": "0"}),
     api("disk-size-2pi", "hicache.disk.size must be at most 1Pi", **{f"{D}.size": "2Pi"}),
     api("disk-size-negative", "size", **{f"{D}.size": "-1Gi"}),
     api("disk-size-huge", "size", **{f"{D}.size": "9" * 40}),
@@ -202,6 +202,7 @@ OPERATOR = [
     refused("tp-3", "TensorParallelSizeInvalid", **{f"{R}.tensorParallelSize": 3}),
     refused("tp-5", "TensorParallelSizeInvalid", **{f"{R}.tensorParallelSize": 5}),
     refused("tp-7", "TensorParallelSizeInvalid", **{f"{R}.tensorParallelSize": 7}),
+    refused("context-beyond-model", "ContextLengthTooLong", **{f"{M}.geometry": {"maxContextLength": 262144}}),
     refused("speculative-rewritten", "SpeculativeRewritten",
             **{f"{R}.speculative": {"numSteps": 3, "numDraftTokens": 8, "eagleTopk": 1}}),
     refused("no-kv-layers", "NoKVLayers", "SizingValid",
