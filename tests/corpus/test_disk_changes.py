@@ -83,7 +83,7 @@ def _template_size(sts: Any) -> int:
 
 @pytest.mark.timeout(300)
 def test_growing_the_disk_expands_claims_without_restarting_pods(
-    operator_log: Any, control_plane: client.V1StorageClass, kube_api: client.ApiClient,
+    operator_log: Any, control_plane: client.V1StorageClass, provisioner: None, kube_api: client.ApiClient,
     custom: client.CustomObjectsApi, namespace: str,
 ) -> None:
     _create(custom, _server(namespace))
@@ -111,7 +111,7 @@ def test_growing_the_disk_expands_claims_without_restarting_pods(
 
 @pytest.mark.timeout(300)
 def test_shrinking_the_disk_is_refused_and_changes_nothing(
-    operator_log: Any, control_plane: client.V1StorageClass, kube_api: client.ApiClient,
+    operator_log: Any, control_plane: client.V1StorageClass, provisioner: None, kube_api: client.ApiClient,
     custom: client.CustomObjectsApi, namespace: str,
 ) -> None:
     _create(custom, _server(namespace, **{"spec.hicache.disk.size": "3Gi"}))
@@ -132,7 +132,7 @@ def test_shrinking_the_disk_is_refused_and_changes_nothing(
 
 @pytest.mark.timeout(300)
 def test_enabling_the_disk_tier_later_recreates_the_set_and_rolls_pods(
-    operator_log: Any, control_plane: client.V1StorageClass, kube_api: client.ApiClient,
+    operator_log: Any, control_plane: client.V1StorageClass, provisioner: None, kube_api: client.ApiClient,
     custom: client.CustomObjectsApi, namespace: str,
 ) -> None:
     _create(custom, _server(namespace, **{"spec.hicache.disk": {"enabled": False}}))
@@ -151,4 +151,35 @@ def test_enabling_the_disk_tier_later_recreates_the_set_and_rolls_pods(
     # the running pod is adopted first, then replaced by the rollout onto a pod with the cache volume
     eventually(lambda: (p := _pod(kube_api, namespace)) and (p.metadata.uid != pod.metadata.uid or (
         p.metadata.owner_references and p.metadata.owner_references[0].uid == new_sts.metadata.uid)), timeout=60)
+    assert not operator_log.bad, operator_log.report()
+
+
+@pytest.fixture
+def fixed_class(kube_api: client.ApiClient, control_plane: client.V1StorageClass, namespace: str) -> Any:
+    """A StorageClass of the same provisioner that does not allow expansion."""
+    storage = client.StorageV1Api(kube_api)
+    name = f"fixed-{namespace[-6:]}"
+    storage.create_storage_class({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                                  "metadata": {"name": name}, "provisioner": control_plane.provisioner,
+                                  "allowVolumeExpansion": False, "reclaimPolicy": "Delete"})
+    yield name
+    storage.delete_storage_class(name)
+
+
+@pytest.mark.timeout(300)
+def test_growing_on_a_class_without_expansion_is_refused_with_the_servers_reason(
+    operator_log: Any, fixed_class: str, provisioner: None, kube_api: client.ApiClient,
+    custom: client.CustomObjectsApi, namespace: str,
+) -> None:
+    _create(custom, _server(namespace, **{"spec.hicache.disk.storageClassName": fixed_class}))
+    eventually(lambda: _observed(custom, namespace))
+    eventually(lambda: _claim(kube_api, namespace).status.phase == "Bound", timeout=60)
+    sts = _sts(kube_api, namespace)
+    generation = _patch(custom, namespace, {"hicache": {"disk": {"size": "3Gi"}}})
+    obj = eventually(lambda: _observed(custom, namespace, generation))
+    spec_valid = condition(obj, "SpecValid")
+    assert (spec_valid["status"], spec_valid["reason"]) == ("False", "DiskExpansionRefused"), spec_valid
+    assert "allowVolumeExpansion" in spec_valid["message"]
+    assert _sts(kube_api, namespace).metadata.uid == sts.metadata.uid  # nothing re-created
+    assert parse_quantity(_claim(kube_api, namespace).spec.resources.requests["storage"]) == 2 * 2**30
     assert not operator_log.bad, operator_log.report()
