@@ -216,12 +216,12 @@ def _reconcile_locked(kube: Kube, body: Obj, post_event: EventSink, now: str) ->
     meta, old = body["metadata"], body.get("status") or {}
     p = plan(meta, body.get("spec") or {}, _smallest_node_memory(kube, body.get("spec") or {}))
     outcome = Outcome()
-    if not p.blocked:
-        p = _disk_step(kube, body, p, post_event, outcome)
     obs = Observed()
     if not p.blocked:
         try:
-            obs = _converge(kube, body, p, outcome, now)
+            p = _disk_step(kube, body, p, post_event, outcome)
+            if not p.blocked:
+                obs = _converge(kube, body, p, outcome, now)
         except (ApiException, DynamicApiError) as err:
             outcome.error = f"reconcile failed: {getattr(err, 'reason', '')} {getattr(err, 'body', err)}"
             obs = Observed(apply_error=outcome.error, restart=old.get("restart"))

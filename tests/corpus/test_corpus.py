@@ -106,6 +106,10 @@ def _check_accepted(case: Case, obj: dict, kube_api: client.ApiClient, ns: str) 
         out.append(f"Warning events {_warnings(core, ns, name)}, expected {case.warnings}")
     if unexpected := _warnings(core, ns, name) - set(case.warnings):
         out.append(f"unexpected Warning events {unexpected}")
+    try:  # the real StatefulSet controller must be able to create the pod (labels, names, volumes)
+        eventually(lambda: core.read_namespaced_pod(f"{name}-0", ns), timeout=30)
+    except AssertionError:
+        out.append("the StatefulSet's pod was never created")
     failed = [e.message for e in core.list_namespaced_event(ns).items
               if e.involved_object.name == name and e.reason in ("FailedCreate", "FailedCreatePodSandBox")]
     if failed:
