@@ -192,11 +192,14 @@ def _disk_step(kube: Kube, body: Obj, p: Plan, post_event: EventSink, outcome: O
     """A changed disk tier as a real operation (see disk_change): expand claims, re-create the StatefulSet
     without its pods, or refuse with the reason. The new set is applied once the old one is gone."""
     meta = body["metadata"]
-    desired = next((o for o in p.objects if o["kind"] == "StatefulSet"), None)
+    def is_serving_set(o: Obj) -> bool:
+        return o["kind"] == "StatefulSet" and o["metadata"]["name"] == meta["name"]
+
+    desired = next((o for o in p.objects if is_serving_set(o)), None)
     if desired is None:
         return p
     live = kube.get("apps/v1", "StatefulSet", meta["namespace"], meta["name"])
-    later = replace(p, objects=[o for o in p.objects if o["kind"] != "StatefulSet"])
+    later = replace(p, objects=[o for o in p.objects if not is_serving_set(o)])
     if live is not None and live["metadata"].get("deletionTimestamp"):
         return later  # being orphaned: its deletion event triggers the reconcile that applies the new set
     change = disk_change.classify(live, desired)
