@@ -39,3 +39,34 @@ def test_duplicate_env_is_refused() -> None:
 def test_write_back_with_disk_is_a_warning_not_a_block() -> None:
     doc = variant(**{"spec.hicache.writePolicy": "write_back", "spec.runtime.extraArgs": ["--tp-size", "1"]})
     assert _reasons(doc) == [("ManagedFlagInExtraArgs", True), ("WriteBackNotPersisted", False)]
+
+
+def test_aliases_and_abbreviations_of_managed_flags_are_refused() -> None:
+    doc = variant(**{"spec.runtime.extraArgs": ["--tensor-parallel-size", "4", "--hicache-si=9", "--enable-hicache"]})
+    problems = evaluate(parse_spec(doc["spec"]), SIZING)
+    assert problems[0].reason == "ManagedFlagInExtraArgs"
+    assert "--tensor-parallel-size (the runtime reads it as --tp-size)" in problems[0].message
+    assert "--hicache-si (the runtime reads it as --hicache-size)" in problems[0].message
+
+
+def test_config_file_flag_is_refused() -> None:
+    doc = variant(**{"spec.runtime.extraArgs": ["--config", "/etc/sglang.yaml"]})
+    assert ("ManagedFlagInExtraArgs", True) in _reasons(doc)
+
+
+def test_unknown_and_ambiguous_flags_are_refused_by_name() -> None:
+    doc = variant(**{"spec.runtime.extraArgs": ["--no-such-flag", "--hicache", "x"]})
+    problems = [p for p in evaluate(parse_spec(doc["spec"]), SIZING) if p.reason == "UnknownRuntimeFlag"]
+    assert "--no-such-flag is not a flag of sglang 0.5.23" in problems[0].message
+    assert "--hicache is ambiguous" in problems[0].message
+
+
+def test_mutable_image_tag_is_a_warning() -> None:
+    doc = variant(**{"spec.runtime.image": "registry.example.com/sglang:latest"})
+    assert _reasons(doc) == [("ImageNotPinned", False)]
+
+
+def test_speculative_settings_the_runtime_rewrites_are_refused() -> None:
+    doc = variant(**{"spec.runtime.speculative": {"numSteps": 3, "numDraftTokens": 8, "eagleTopk": 1}})
+    problems = evaluate(parse_spec(doc["spec"]), SIZING)
+    assert problems[0].reason == "SpeculativeRewritten" and "numDraftTokens: 4" in problems[0].message

@@ -94,6 +94,7 @@ def build_crd() -> Schema:
         "type": "object",
         "description": "A SGLang serving deployment of a hybrid Qwen model with the hierarchical KV cache.",
         "required": ["spec"],
+        "x-kubernetes-validations": api.NAME_RULES,
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},

@@ -28,8 +28,9 @@ RUNTIME_SERIES = "0.5.23-qhc.3"
 MAMBA_CONV_DTYPE = "bfloat16"
 SIZING_ONLY_GEOMETRY = frozenset({
     "checkpointKvFp8", "pleTableRows", "pleTableRowDim", "pleTableDtype", "pleTablePinned", "gpuWeightBytes",
+    "maxContextLength",
 })
-"""Geometry fields that size memory but never change the bytes of a stored page."""
+"""Geometry fields that size memory (or bound the context) but never change the bytes of a stored page."""
 BYTE_AFFECTING_EXTRA_FLAGS = frozenset({
     "--json-model-override-args", "--qsa-indexer-dtype",
     "--speculative-draft-kv-cache-dtype", "--mamba-ssm-dtype", "--kv-cache-quant-algo",

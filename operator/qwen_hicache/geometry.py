@@ -83,6 +83,9 @@ class Geometry(ApiModel):
     `srt/models/qwen4_exp.py:113-128,935-944`; an NVFP4 checkpoint keeps its n-gram table in fp8 or bf16)."""
     ple_table_pinned: bool | None = None
     """Whether the PLE table lives in pinned host RAM (`ple_offload_embedding` with the pinned backend)."""
+    max_context_length: Positive | None = None
+    """Longest context the model supports, as the runtime derives it from config.json (`from_hf_config`);
+    a longer `runtime.contextLength` is refused. Unknown (not checked) when unset."""
     gpu_weight_bytes: NonNegative | None = None
     """Weights resident on the GPUs, all ranks together; only used to estimate the device KV pool when
     `hicache.deviceKVTokens` is unset."""
@@ -283,6 +286,25 @@ def _ple_fields(config: dict[str, Any], text: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+CONTEXT_LENGTH_KEYS = (
+    "max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings",
+)
+"""The runtime's `CONTEXT_LENGTH_KEYS`, in its order of preference (tests compare)."""
+
+
+def max_context_length(text: dict[str, Any]) -> int | None:
+    """The runtime's `get_context_length` on the text config: rope factor x the first key present. None when
+    config.json names none (the runtime would then use its config class default, which is not restated)."""
+    rope = text.get("rope_scaling") or text.get("rope_parameters") or {}
+    factor = rope.get("factor", 1) if rope else 1
+    if "original_max_position_embeddings" in rope or rope.get("rope_type") == "llama3":
+        factor = 1
+    for key in CONTEXT_LENGTH_KEYS:
+        if text.get(key) is not None:
+            return int(factor * text[key])
+    return None
+
+
 def from_hf_config(config: dict[str, Any]) -> Geometry:
     """Geometry of a `qwen4_exp`, `qwen3_next` or `qwen3_5` checkpoint from its parsed `config.json`."""
     if not isinstance(config, dict):
@@ -308,6 +330,7 @@ def from_hf_config(config: dict[str, Any]) -> Geometry:
         **{k: int(_need(text, k, model_type)) for k in REQUIRED[4:]},
         **_qsa_fields(text),
         **_ple_fields(config, text),
+        "max_context_length": max_context_length(text),
     }
     if text.get("mamba_ssm_dtype") is not None:
         fields["mamba_ssm_dtype"] = text["mamba_ssm_dtype"]

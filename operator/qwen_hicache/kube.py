@@ -83,7 +83,9 @@ class Kube:
         try:
             nodes = self._resource("v1", "Node").get(label_selector=sel).to_dict()["items"]
         except DynamicApiError as err:
-            if err.status not in (403, 404):
+            # 400/422: a selector the API server cannot parse (the CRD refuses those; an object stored under an
+            # older CRD may still carry one): skip the node check, the spec check names the field.
+            if err.status not in (400, 403, 404, 422):
                 raise
             nodes = []
         self._nodes[sel] = (time.monotonic(), nodes)
@@ -101,6 +103,27 @@ class Kube:
             if err.status == 409:  # uid precondition failed: a successor already runs under this name
                 return False
             raise
+
+    def delete_orphaning(self, api_version: str, kind: str, namespace: str, name: str, uid: str) -> bool:
+        """Delete exactly this incarnation, leaving its dependents (pods) running for a successor to adopt."""
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Orphan",
+                "preconditions": {"uid": uid}}
+        try:
+            self._resource(api_version, kind).delete(name=name, namespace=namespace, body=body)
+            return True
+        except NotFoundError:
+            return False
+        except DynamicApiError as err:
+            if err.status == 409:  # already replaced
+                return False
+            raise
+
+    def resize_claim(self, namespace: str, name: str, storage: str) -> None:
+        """Raise a claim's storage request (volume expansion; the API server checks the StorageClass)."""
+        self._resource("v1", "PersistentVolumeClaim").patch(
+            body={"spec": {"resources": {"requests": {"storage": storage}}}}, name=name, namespace=namespace,
+            content_type="application/merge-patch+json",
+        )
 
     def create_if_absent(self, obj: Obj) -> bool:
         """Create-only (never read back: used for the admin Secret). False when it already exists."""

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from . import launch, policies, render, rollout
 from .geometry import GeometryError
 from .sizing import SizingError, check_fit, compute_sizing
-from .spec import QwenHiCacheServerSpec
+from .spec import QwenHiCacheServerSpec, name_problem
 
 Obj = dict[str, Any]
 
@@ -76,10 +76,25 @@ def plan(meta: Obj, raw_spec: Obj, node_allocatable_bytes: int | None = None) ->
         spec = parse_spec(raw_spec)
     except ValidationError as err:
         return Plan(None, problems=[policies.Problem("InvalidSpec", format_validation_error(err))])
+    if message := name_problem(str(meta.get("name", ""))):
+        return Plan(spec, problems=[policies.Problem("InvalidName", message)])
+    try:
+        return _plan_valid(meta, spec, node_allocatable_bytes)
+    except Exception as err:  # noqa: BLE001 - no input may crash the operator: report it as a condition instead
+        return Plan(spec, problems=[policies.Problem(
+            "PlanFailed", f"the operator cannot evaluate this spec ({type(err).__name__}: {err}); please report it")])
+
+
+def _plan_valid(meta: Obj, spec: QwenHiCacheServerSpec, node_allocatable_bytes: int | None) -> Plan:
+    if early := policies.geometry_problems(spec):
+        return Plan(spec, problems=early)
     try:
         sized = compute_sizing(spec)
     except (SizingError, GeometryError) as err:
         return Plan(spec, problems=[_sizing_problem(str(err))])
+    except (ArithmeticError, ValueError) as err:  # e.g. an extreme size that overflows a float
+        return Plan(spec, problems=[_sizing_problem(f"these sizes cannot be computed ({err}); check the host memory, "
+                                                    "GPU memory and geometry values for extreme numbers")])
     sizing = sized.launch_sizing()
     fit = check_fit(sized, node_allocatable_bytes)
     problems = [_sizing_problem(m) for m in [*sized.problems, *fit]] + policies.evaluate(spec, sizing)

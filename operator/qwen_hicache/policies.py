@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import launch
-from .spec import QwenHiCacheServerSpec, flag_name
+from . import launch, runtime_flags
+from .geometry import Geometry, GeometryError, resolve_geometry
+from .spec import QwenHiCacheServerSpec
 
 
 @dataclass(frozen=True)
@@ -27,17 +28,52 @@ class Problem:
 Check = Callable[[QwenHiCacheServerSpec, launch.LaunchSizing], Problem | None]
 
 
+CONFIG_FILE_DEST = "config"
+"""`--config FILE` makes the runtime read any flag from a YAML file: the operator could not see them."""
+
+
+def _managed_dests(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> dict[str, str]:
+    """Setting (argparse dest) -> the flag the operator spells for it."""
+    out = {CONFIG_FILE_DEST: "--config"}
+    for flag in sorted(launch.managed_flags(spec, sizing)):
+        dest = runtime_flags.dest_of(flag)
+        out[dest or flag.lstrip("-").replace("-", "_")] = flag
+    return out
+
+
+def _extra_options(spec: QwenHiCacheServerSpec) -> list[runtime_flags.Resolved]:
+    return [r for r in map(runtime_flags.resolve, spec.runtime.extra_args) if r is not None]
+
+
+def _spelled(r: runtime_flags.Resolved, canonical: str) -> str:
+    written = r.token.split("=", 1)[0]
+    return written if written == canonical else f"{written} (the runtime reads it as {canonical})"
+
+
 def managed_flag_override(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Problem | None:
-    """extraArgs may not repeat a flag derived from the spec: status, sizing and cache identity would lie."""
-    managed = launch.managed_flags(spec, sizing)
-    clash = sorted({f for f in map(flag_name, spec.runtime.extra_args) if f in managed})
+    """extraArgs may not set a setting the operator derives (by any alias or abbreviation the runtime's parser
+    accepts): status, sizing and cache identity would lie."""
+    managed = _managed_dests(spec, sizing)
+    clash = sorted({_spelled(r, managed[r.dest]) for r in _extra_options(spec) if r.dest in managed})
     if not clash:
         return None
     return Problem(
         "ManagedFlagInExtraArgs",
-        f"runtime.extraArgs sets {', '.join(clash)}, which the operator derives from the spec; "
-        "set the corresponding spec field instead",
+        f"runtime.extraArgs sets {', '.join(clash)}, which the operator derives from the spec "
+        "(the runtime reads aliases and abbreviations as the same setting); set the corresponding spec field instead",
     )
+
+
+def unknown_runtime_flag(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Problem | None:
+    """A flag the runtime's parser does not know, or cannot tell apart, makes the server exit at startup."""
+    bad = [r for r in _extra_options(spec) if r.error]
+    if not bad:
+        return None
+    parts = [f"{r.token.split('=', 1)[0]} is not a flag of {runtime_flags.table().runtime}" if r.error == "unrecognized"
+             else f"{r.token.split('=', 1)[0]} is ambiguous (could be {', '.join(r.candidates[:5])}"
+                  f"{', ...' if len(r.candidates) > 5 else ''}); spell the flag out"
+             for r in bad]
+    return Problem("UnknownRuntimeFlag", f"runtime.extraArgs: {'; '.join(parts)}: the runtime would exit at startup")
 
 
 def managed_env_override(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Problem | None:
@@ -73,7 +109,95 @@ def write_back_not_persistent(spec: QwenHiCacheServerSpec, sizing: launch.Launch
     )
 
 
-CHECKS: tuple[Check, ...] = (managed_flag_override, managed_env_override, duplicate_env, write_back_not_persistent)
+def speculative_rewritten(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Problem | None:
+    """The runtime (EAGLE family: NEXTN is EAGLE) replaces numDraftTokens with numSteps + 1 when eagleTopk is 1;
+    the fingerprint and the draft-vs-page check would describe a configuration that never runs."""
+    sp = spec.runtime.speculative
+    if sp is None or sp.eagle_topk != 1 or sp.num_draft_tokens == sp.num_steps + 1:
+        return None
+    return Problem(
+        "SpeculativeRewritten",
+        f"runtime.speculative.numDraftTokens {sp.num_draft_tokens} with eagleTopk 1: the runtime replaces it with "
+        f"numSteps + 1 = {sp.num_steps + 1}; set numDraftTokens: {sp.num_steps + 1} (or raise eagleTopk)",
+    )
+
+
+def image_not_pinned(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Problem | None:
+    """The cache fingerprint hashes the image reference: a mutable tag can change the runtime under the cache."""
+    if "@" in spec.runtime.image:
+        return None
+    return Problem(
+        "ImageNotPinned",
+        f"runtime.image {spec.runtime.image!r} is a mutable tag: the disk cache is keyed by the reference, so a "
+        "re-pushed tag would run a different runtime on the same cache; pin it by digest (repo@sha256:...)",
+        blocking=False,
+        condition="ImagePinned",
+    )
+
+
+CHECKS: tuple[Check, ...] = (managed_flag_override, unknown_runtime_flag, managed_env_override, duplicate_env,
+                             write_back_not_persistent, speculative_rewritten, image_not_pinned)
+
+
+def _valid_tp_sizes(kv_heads: int) -> list[int]:
+    return [tp for tp in range(1, 17) if (kv_heads % tp == 0 if kv_heads >= tp else tp % kv_heads == 0)]
+
+
+def tp_vs_kv_heads(spec: QwenHiCacheServerSpec, g: Geometry) -> Problem | None:
+    """The runtime's attention layer asserts that TP splits the KV heads evenly or replicates them evenly
+    (`total_num_kv_heads % tp == 0` when there are at least tp heads, else `tp % total_num_kv_heads == 0`)."""
+    tp, kv = spec.runtime.tensor_parallel_size, g.num_key_value_heads or 0
+    if not kv or tp in _valid_tp_sizes(kv):
+        return None
+    return Problem(
+        "TensorParallelSizeInvalid",
+        f"runtime.tensorParallelSize {tp} cannot split the model's {kv} KV heads evenly (the runtime's attention "
+        f"layers refuse it at startup); use one of {_valid_tp_sizes(kv)}",
+    )
+
+
+def no_kv_layers(spec: QwenHiCacheServerSpec, g: Geometry) -> Problem | None:
+    """Without full-attention layers (or MTP draft layers in use) there is no KV for the hierarchical cache."""
+    kv_layers = (g.full_attention_layers or 0) + ((g.mtp_layers or 0) if spec.runtime.speculative else 0)
+    if kv_layers:
+        return None
+    return Problem(
+        "NoKVLayers",
+        "model.geometry.fullAttentionLayers is 0 (and no MTP draft layer is in use): a model without full-attention "
+        "layers has no KV cache for HiCache to keep; set fullAttentionLayers from the checkpoint's config.json",
+        condition="SizingValid",
+    )
+
+
+ALLOW_LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+_TRUE = ("true", "1", "yes", "y")
+"""The runtime's EnvBool truthy spellings (tests compare)."""
+
+
+def context_too_long(spec: QwenHiCacheServerSpec, g: Geometry) -> Problem | None:
+    """The runtime refuses a context longer than the model's derived one unless its override is set."""
+    asked, limit = spec.runtime.context_length, g.max_context_length
+    allowed = any(e.name == ALLOW_LONGER_CONTEXT_ENV and e.value.lower() in _TRUE for e in spec.runtime.env)
+    if asked is None or limit is None or asked <= limit or allowed:
+        return None
+    return Problem(
+        "ContextLengthTooLong",
+        f"runtime.contextLength {asked} is longer than the model's {limit} (derived from config.json as the runtime "
+        f"does; the runtime refuses it at startup); lower contextLength to at most {limit}, or set runtime.env "
+        f"{ALLOW_LONGER_CONTEXT_ENV}=1 to make the runtime accept it (it warns of incorrect outputs)",
+    )
+
+
+GEOMETRY_CHECKS = (no_kv_layers, tp_vs_kv_heads, context_too_long)
+
+
+def geometry_problems(spec: QwenHiCacheServerSpec) -> list[Problem]:
+    """Checks that must pass before sizing can even be computed; an unresolvable geometry is left to sizing."""
+    try:
+        g = resolve_geometry(spec.model)
+    except GeometryError:
+        return []
+    return [p for p in (check(spec, g) for check in GEOMETRY_CHECKS) if p]
 
 
 def evaluate(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> list[Problem]:

@@ -9,14 +9,14 @@ from __future__ import annotations
 import secrets
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import DynamicApiError
 
-from . import drift, engine, render, rollout, router
+from . import disk_change, drift, engine, policies, render, rollout, router
 from .conditions import transitions
 from .kube import Kube
 from .plan import Plan, plan
@@ -169,6 +169,52 @@ def _smallest_node_memory(kube: Kube, spec: Obj) -> int | None:
     return min(sizes) if sizes else None
 
 
+def _cache_claims(kube: Kube, meta: Obj) -> list[Obj]:
+    prefix = f"{render.CACHE_VOLUME}-{meta['name']}-"
+    claims = kube.list("v1", "PersistentVolumeClaim", meta["namespace"], render.selector(meta["name"]))
+    return [c for c in claims if c["metadata"]["name"].startswith(prefix)]
+
+
+def _expand_claims(kube: Kube, meta: Obj, size: str) -> str | None:
+    """Expand every cache claim below `size`; the API server's refusal (StorageClass without
+    allowVolumeExpansion, an unbound claim) comes back as the reason, nothing half-done is hidden."""
+    for name in disk_change.claims_to_expand(_cache_claims(kube, meta), size):
+        try:
+            kube.resize_claim(meta["namespace"], name, size)
+        except (ApiException, DynamicApiError) as err:
+            detail = getattr(err, "summary", lambda: "")() or getattr(err, "body", "") or str(err)
+            return (f"hicache.disk.size grew to {size}, but cache volume {name} cannot be expanded: {detail}; "
+                    "use a StorageClass with allowVolumeExpansion: true, or set hicache.disk.size back")
+    return None
+
+
+def _disk_step(kube: Kube, body: Obj, p: Plan, post_event: EventSink, outcome: Outcome) -> Plan:
+    """A changed disk tier as a real operation (see disk_change): expand claims, re-create the StatefulSet
+    without its pods, or refuse with the reason. The new set is applied once the old one is gone."""
+    meta = body["metadata"]
+    def is_serving_set(o: Obj) -> bool:
+        return o["kind"] == "StatefulSet" and o["metadata"]["name"] == meta["name"]
+
+    desired = next((o for o in p.objects if is_serving_set(o)), None)
+    if desired is None:
+        return p
+    live = kube.get("apps/v1", "StatefulSet", meta["namespace"], meta["name"])
+    later = replace(p, objects=[o for o in p.objects if not is_serving_set(o)])
+    if live is not None and live["metadata"].get("deletionTimestamp"):
+        return later  # being orphaned: its deletion event triggers the reconcile that applies the new set
+    change = disk_change.classify(live, desired)
+    if change.kind == "none":
+        return p
+    if change.refused:
+        return replace(p, objects=[], problems=[policies.Problem(change.reason, change.message), *p.problems])
+    if change.kind == "grow" and (why := _expand_claims(kube, meta, change.size or "")):
+        return replace(p, objects=[], problems=[policies.Problem("DiskExpansionRefused", why), *p.problems])
+    if kube.delete_orphaning("apps/v1", "StatefulSet", meta["namespace"], meta["name"], live["metadata"]["uid"]):
+        outcome.applied.append(f"StatefulSet/{meta['name']} (deleted, pods orphaned)")
+        post_event(body, "Normal", change.reason, change.message)
+    return later
+
+
 def _reconcile_locked(kube: Kube, body: Obj, post_event: EventSink, now: str) -> Outcome:
     meta, old = body["metadata"], body.get("status") or {}
     p = plan(meta, body.get("spec") or {}, _smallest_node_memory(kube, body.get("spec") or {}))
@@ -176,7 +222,9 @@ def _reconcile_locked(kube: Kube, body: Obj, post_event: EventSink, now: str) ->
     obs = Observed()
     if not p.blocked:
         try:
-            obs = _converge(kube, body, p, outcome, now)
+            p = _disk_step(kube, body, p, post_event, outcome)
+            if not p.blocked:
+                obs = _converge(kube, body, p, outcome, now)
         except (ApiException, DynamicApiError) as err:
             outcome.error = f"reconcile failed: {getattr(err, 'reason', '')} {getattr(err, 'body', err)}"
             obs = Observed(apply_error=outcome.error, restart=old.get("restart"))
@@ -194,12 +242,18 @@ def _post_transitions(body: Obj, new: list, old: list | None, post_event: EventS
     changed = [c for c in transitions(new, old) if c.type != "Progressing"]
     if not old:
         post_event(body, "Normal", "Accepted", "; ".join(f"{c.type}={c.status}" for c in changed))
-        changed = [c for c in changed if _is_bad(c.type, c.status)]
+        changed = [c for c in changed if _is_bad(c.type, c.status, c.reason)]
     for c in changed:
-        kind = "Warning" if _is_bad(c.type, c.status) else "Normal"
+        kind = "Warning" if _is_bad(c.type, c.status, c.reason) else "Normal"
         post_event(body, kind, c.reason, f"{c.type}={c.status}: {c.message}".rstrip(": "))
 
 
-def _is_bad(ctype: str, status: str) -> bool:
+NOT_A_WARNING = {("CachePersistent", "DiskTierDisabled")}
+"""False, but by the admin's own choice (a server without a disk tier): no Warning event."""
+
+
+def _is_bad(ctype: str, status: str, reason: str = "") -> bool:
     """Whether a condition in this state needs the admin's attention (a Warning event)."""
+    if (ctype, reason) in NOT_A_WARNING:
+        return False
     return status == ("True" if ctype == "Degraded" else "False") and ctype != "Ready"

@@ -29,10 +29,13 @@ CANARY_TOKENS_HINT = 4096
 
 
 def config_hash(spec: QwenHiCacheServerSpec) -> str:
-    """Hash of every spec field whose change needs new pods (not replicas, rollout, restart or router)."""
+    """Hash of every spec field whose change needs new pods (not replicas, rollout, restart or router; nor the
+    disk's size or cap: a grown volume is expanded under the running pods, see disk_change)."""
     wire = spec.wire()
     for key in ("replicas", "restart", "rollout", "router"):  # router: its own Deployment, never new pods
         wire.pop(key, None)
+    for key in ("size", "capPerRank"):
+        wire.get("hicache", {}).get("disk", {}).pop(key, None)
     return hashlib.sha256(json.dumps(wire, sort_keys=True).encode()).hexdigest()[:16]
 
 

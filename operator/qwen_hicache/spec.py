@@ -8,18 +8,40 @@ before the operator ever sees it). `tests/test_spec.py` checks that both agree.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
+from kubernetes.utils import parse_quantity
 from pydantic import AfterValidator, Field, model_validator
 
 from .constants import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION  # noqa: F401 - re-exported
 from .geometry import Geometry
 from .typed import ApiModel, cel
 
+Obj = dict[str, Any]
+
 PROFILES = ("qwen3.8-flash-next",)
 PAGE_SIZES = [2**i for i in range(11)]
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_QUALIFIED = rf"({DNS_SUBDOMAIN[1:-1]}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{{0,61}}[A-Za-z0-9])?"
+QUALIFIED_NAME = f"^{_QUALIFIED}$"
+"""A label key or taint key (`prefix/name`, name at most 63 characters), as core/v1 validates it."""
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+_PATH_COMPONENT = r"[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*"
+_DOMAIN = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*(:[0-9]+)?"
+IMAGE_REFERENCE = (
+    rf"^({_DOMAIN}/)?{_PATH_COMPONENT}(/{_PATH_COMPONENT})*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+"""An image reference as container runtimes parse it (distribution's grammar); anything else never pulls."""
+MAX_NAME_LENGTH = 52
+"""The StatefulSet controller labels each pod with `controller-revision-hash: <name>-<hash of up to 10
+characters>`, a label value of at most 63 characters, so longer names never get pods."""
+NAME_RULE = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+NAME_MESSAGE = (f"metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting with a "
+                f"letter; it names the Services) of at most {MAX_NAME_LENGTH} characters (the StatefulSet's "
+                "controller-revision-hash label adds up to 11)")
 
 KvCacheDtype = Literal["auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2"]
 SsmDtype = Literal["float32", "bfloat16", "float16"]
@@ -40,6 +62,28 @@ def _power_of_two(value: int) -> int:
     if value not in PAGE_SIZES:
         raise ValueError(_PAGE_MESSAGE)
     return value
+
+
+def quantity_rule(field: str, low: str | None, high: str | None, inclusive_low: bool = True) -> Obj:
+    """CEL (Kubernetes quantity library) bounds on a quantity string; `_in_range` enforces the same in Python."""
+    rules = []
+    if low is not None:
+        op = ">=" if inclusive_low else ">"
+        rules.append(cel(f"quantity(self).compareTo(quantity('{low}')) {op} 0",
+                         f"{field} must be {'at least' if inclusive_low else 'more than'} {low}"))
+    if high is not None:
+        rules.append(cel(f"quantity(self).compareTo(quantity('{high}')) <= 0", f"{field} must be at most {high}"))
+    return {"maxLength": 64, "x-kubernetes-validations": rules}
+
+
+def _in_range(value: str | None, field: str, low: str | None, high: str | None, inclusive_low: bool = True) -> None:
+    if value is None:
+        return
+    amount = parse_quantity(value)
+    if low is not None and (amount < parse_quantity(low) if inclusive_low else amount <= parse_quantity(low)):
+        raise ValueError(f"{field} must be {'at least' if inclusive_low else 'more than'} {low}")
+    if high is not None and amount > parse_quantity(high):
+        raise ValueError(f"{field} must be at most {high}")
 
 
 class WeightsVolume(ApiModel):
@@ -90,25 +134,54 @@ class SpeculativeSpec(ApiModel):
 class EnvVar(ApiModel):
     """A literal environment variable for the runtime container."""
 
-    name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+    name: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
     """Variable name."""
     value: str = ""
     """Variable value."""
 
 
-class Toleration(ApiModel):
-    """A pod toleration, as in core/v1."""
+_TOLERATION_RULES = [
+    ("!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+     "a toleration with operator Exists must not have a value"),
+    ("(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+     "a toleration without a key must have operator Exists (it then tolerates every taint)"),
+    ("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+     "tolerationSeconds is only allowed with effect NoExecute"),
+]
 
-    key: str | None = None
+
+class Toleration(ApiModel):
+    """A pod toleration, as in core/v1 (the API server's pod validation rules, checked up front)."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {"x-kubernetes-validations": [cel(r, m) for r, m in _TOLERATION_RULES]}
+    }
+
+    key: Annotated[str, Field(max_length=317, pattern=QUALIFIED_NAME)] | None = None
     """Taint key."""
     operator: Literal["Exists", "Equal"] | None = None
     """`Exists` or `Equal`."""
-    value: str | None = None
+    value: Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)] | None = None
     """Taint value for `Equal`."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     """Taint effect to tolerate; empty tolerates all."""
-    toleration_seconds: int | None = None
+    toleration_seconds: Annotated[int, Field(ge=-(2**62), le=2**62)] | None = None
     """For `NoExecute`: how long the pod stays bound after the taint appears."""
+
+    @model_validator(mode="after")
+    def _core_rules(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError(_TOLERATION_RULES[0][1])
+        if not self.key and self.operator != "Exists":
+            raise ValueError(_TOLERATION_RULES[1][1])
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError(_TOLERATION_RULES[2][1])
+        return self
+
+
+_NODE_SELECTOR_KEY_MESSAGE = "runtime.nodeSelector keys must be label keys ([prefix/]name, name at most 63 characters)"
+_NODE_MEMORY_RANGE = ("1Gi", "1Pi")
+_NODE_MEMORY_RULE = quantity_rule("runtime.nodeMemory", *_NODE_MEMORY_RANGE)
 
 
 class RuntimeSpec(ApiModel):
@@ -121,17 +194,19 @@ class RuntimeSpec(ApiModel):
                     "!has(self.speculative) || self.pageSize >= self.speculative.numDraftTokens",
                     _DRAFT_PAGE_MESSAGE,
                 ),
+                cel(f"!has(self.nodeSelector) || self.nodeSelector.all(k, k.matches(r'{QUALIFIED_NAME}'))",
+                    _NODE_SELECTOR_KEY_MESSAGE),
             ]
         }
     }
 
-    image: Annotated[str, Field(min_length=1, max_length=512)]
+    image: Annotated[str, Field(min_length=1, max_length=512, pattern=IMAGE_REFERENCE)]
     """Patched runtime image (`Dockerfile.hicache`), by digest preferred (`repo@sha256:...`)."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     """Pull policy for the runtime image."""
     tensor_parallel_size: Annotated[int, Field(ge=1, le=16)] = 1
     """`--tp-size`; also the number of GPUs per pod."""
-    context_length: Annotated[int, Field(ge=256)] | None = None
+    context_length: Annotated[int, Field(ge=256, le=2**31 - 1)] | None = None
     """`--context-length`; the model's own maximum when unset."""
     max_running_requests: Annotated[int, Field(ge=1, le=4096)] | None = None
     """`--max-running-requests`."""
@@ -139,7 +214,7 @@ class RuntimeSpec(ApiModel):
     """`--kv-cache-dtype`; `auto` uses the model dtype (bf16)."""
     mamba_ssm_dtype: SsmDtype | None = None
     """`--mamba-ssm-dtype` for the GDN/Mamba recurrent state; the runtime's default (float32) when unset."""
-    max_mamba_cache_size: Annotated[int, Field(ge=1)] | None = None
+    max_mamba_cache_size: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
     """`--max-mamba-cache-size`: device Mamba state slots."""
     mem_fraction_static: Annotated[float, Field(gt=0, lt=1)] | None = None
     """`--mem-fraction-static`."""
@@ -149,17 +224,20 @@ class RuntimeSpec(ApiModel):
     """Speculative decoding; off when unset."""
     port: Annotated[int, Field(ge=1024, le=65535)] = 30000
     """HTTP port of the runtime."""
-    extra_args: list[str] = []
+    extra_args: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=256)] = []
     """Extra runtime flags, appended last. Flags the operator derives from the spec are refused here."""
-    env: list[EnvVar] = []
+    env: Annotated[list[EnvVar], Field(max_length=256)] = []
     """Extra environment variables for the runtime container."""
     gpu_resource_name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9.-]+/[A-Za-z0-9._-]+$")] = (
         "nvidia.com/gpu"
     )
     """Extended resource that provides GPUs; the pod asks for `tensorParallelSize` of it."""
-    node_selector: dict[str, str] = {}
+    node_selector: Annotated[
+        dict[str, Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)]],
+        Field(max_length=64),
+    ] = {}
     """Node labels the pods must match."""
-    tolerations: list[Toleration] = []
+    tolerations: Annotated[list[Toleration], Field(max_length=64)] = []
     """Tolerations for GPU node taints."""
     startup_timeout_seconds: Annotated[int, Field(ge=60, le=86400)] = 3600
     """How long model loading may take before the startup probe gives up."""
@@ -169,19 +247,32 @@ class RuntimeSpec(ApiModel):
     """`--quantization` method, e.g. `fp8` (part of the cache fingerprint)."""
     max_request_seconds: Annotated[int, Field(ge=1, le=86400)] = 600
     """Longest request the server is expected to run; the drain before a stop waits at most this long."""
-    gpu_memory_gb: Annotated[float, Field(gt=0, alias="gpuMemoryGB")] = 141.0
+    gpu_memory_gb: Annotated[float, Field(gt=0, le=100_000, alias="gpuMemoryGB")] = 141.0
     """Memory of one GPU in GB, used to estimate the device pools when `hicache.deviceKVTokens` is unset."""
-    node_memory: Annotated[str, Field(pattern=QUANTITY)] | None = None
+    node_memory: Annotated[str, Field(pattern=QUANTITY, json_schema_extra=_NODE_MEMORY_RULE)] | None = None
     """Allocatable memory of the target nodes (quantity); sizing refuses a pod that cannot fit."""
 
     @model_validator(mode="after")
     def _draft_fits_page(self) -> RuntimeSpec:
         if self.speculative and self.page_size < self.speculative.num_draft_tokens:
             raise ValueError(_DRAFT_PAGE_MESSAGE)
+        bad = sorted(k for k in self.node_selector if not re.match(QUALIFIED_NAME, k) or len(k) > 317)
+        if bad:
+            raise ValueError(f"{_NODE_SELECTOR_KEY_MESSAGE}: {', '.join(map(repr, bad))}")
+        _in_range(self.node_memory, "runtime.nodeMemory", *_NODE_MEMORY_RANGE)
         return self
 
 
 _DISK_SIZE_MESSAGE = "disk tier is enabled but has no size: set hicache.disk.size (volume per replica) or capPerRank"
+
+
+_SIZE_RANGE = ("1Mi", "1Pi")
+_CAP_RANGE = ("1Mi", "1Pi")
+_RATE_RANGE = ("1Mi", "1Ti")
+"""A slower assumed disk would stretch the termination grace period beyond reason (0 B/s: ~1,900 years)."""
+_SIZE_RULE = quantity_rule("hicache.disk.size", *_SIZE_RANGE)
+_CAP_RULE = quantity_rule("hicache.disk.capPerRank", *_CAP_RANGE)
+_RATE_RULE = quantity_rule("hicache.disk.writeBytesPerSecond", *_RATE_RANGE)
 
 
 class DiskTierSpec(ApiModel):
@@ -200,24 +291,27 @@ class DiskTierSpec(ApiModel):
 
     enabled: bool = False
     """Keep pages in files on a persistent volume per replica, so restarts warm-start."""
-    size: Annotated[str, Field(pattern=QUANTITY)] | None = None
+    size: Annotated[str, Field(pattern=QUANTITY, json_schema_extra=_SIZE_RULE)] | None = None
     """Volume size per replica (a Kubernetes quantity, e.g. `600Gi`), shared by all TP ranks."""
-    storage_class_name: str | None = None
+    storage_class_name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)] | None = None
     """StorageClass of the cache volumes; the cluster default when unset."""
-    cap_per_rank: Annotated[str, Field(pattern=QUANTITY)] | None = None
+    cap_per_rank: Annotated[str, Field(pattern=QUANTITY, json_schema_extra=_CAP_RULE)] | None = None
     """File-tier payload cap per TP rank; derived from `size` when unset, and `size` from it when only it is set."""
     retention: Literal["Retain", "Delete"] = "Retain"
     """What happens to the cache volumes when the resource is deleted or scaled down."""
     keep_old_namespaces: Annotated[int, Field(ge=0, le=16)] = 1
     """Old cache namespaces (directories of earlier fingerprints) kept on each volume; older ones are removed
     at pod start, when no process can read them."""
-    write_bytes_per_second: Annotated[str, Field(pattern=QUANTITY)] = "500Mi"
+    write_bytes_per_second: Annotated[str, Field(pattern=QUANTITY, json_schema_extra=_RATE_RULE)] = "500Mi"
     """Assumed sustained disk write rate per pod; sizes the flush time in the termination grace period."""
 
     @model_validator(mode="after")
     def _size_when_enabled(self) -> DiskTierSpec:
         if self.enabled and self.size is None and self.cap_per_rank is None:
             raise ValueError(_DISK_SIZE_MESSAGE)
+        _in_range(self.size, "hicache.disk.size", *_SIZE_RANGE)
+        _in_range(self.cap_per_rank, "hicache.disk.capPerRank", *_CAP_RANGE)
+        _in_range(self.write_bytes_per_second, "hicache.disk.writeBytesPerSecond", *_RATE_RANGE)
         return self
 
 
@@ -242,9 +336,9 @@ class HiCacheSpec(ApiModel):
         }
     }
 
-    host_memory_per_rank_gb: Annotated[float | None, Field(gt=0, alias="hostMemoryPerRankGB")] = None
+    host_memory_per_rank_gb: Annotated[float | None, Field(gt=0, le=100_000, alias="hostMemoryPerRankGB")] = None
     """`--hicache-size`: host RAM per TP rank in GB (1e9 bytes) for the KV, index and Mamba host pools."""
-    host_ratio: Annotated[float, Field(gt=1)] | None = None
+    host_ratio: Annotated[float, Field(gt=1, le=1000)] | None = None
     """`--hicache-ratio`: host pools as a multiple of the device pools (used when no size is set)."""
     write_policy: WritePolicy = "write_through"
     """`--hicache-write-policy`. `write_back` never writes un-evicted prefixes to disk (no warm restart)."""
@@ -257,7 +351,7 @@ class HiCacheSpec(ApiModel):
     host_mamba_slots_per_rank: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     """`--hicache-mamba-host-slots` (runtime series patch 0002): host Mamba states per rank, sized on their own so
     restorable coverage is explicit; `hostMemoryPerRankGB` then covers the KV-side pools alone."""
-    device_kv_tokens: Annotated[int | None, Field(ge=1, alias="deviceKVTokens")] = None
+    device_kv_tokens: Annotated[int | None, Field(ge=1, le=10**10, alias="deviceKVTokens")] = None
     """Device KV pool per rank in tokens, as the runtime logs it at startup; makes host sizing exact."""
     disk: DiskTierSpec = DiskTierSpec()
     """The disk tier; off unless enabled with a size."""
@@ -347,6 +441,19 @@ class QwenHiCacheServerSpec(ApiModel):
     """How restarts roll through the replicas."""
     router: RouterSpec = RouterSpec()
     """The cache-affine router in front of the replicas (on by default when `replicas > 1`)."""
+
+
+NAME_RULES = [
+    cel(f"self.metadata.name.size() <= {MAX_NAME_LENGTH}", NAME_MESSAGE),
+    cel(f"self.metadata.name.matches(r'{NAME_RULE}')", NAME_MESSAGE),
+]
+"""Root-level CEL rules on the resource's own name (the only metadata a CRD schema may check)."""
+
+
+def name_problem(name: str) -> str | None:
+    """`NAME_MESSAGE` when `name` breaks NAME_RULES (same rules, checked in Python for `render`)."""
+    ok = len(name) <= MAX_NAME_LENGTH and re.match(NAME_RULE, name)
+    return None if ok else f"{NAME_MESSAGE}; got {name!r} ({len(name)} characters)"
 
 
 _FLAG = re.compile(r"^(--[a-z0-9-]+)")

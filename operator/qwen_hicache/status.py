@@ -53,6 +53,21 @@ def _persistence(plan: Plan) -> list[Condition]:
     return [Condition("CachePersistent", "True", "WriteThrough", "pages are written through to the disk tier")]
 
 
+ADVISORY_CONDITIONS = {"ImagePinned": ("Digest", "runtime.image is pinned by digest")}
+"""Conditions set False by a non-blocking policy problem (a Warning event), True otherwise."""
+
+
+def _advisories(plan: Plan) -> list[Condition]:
+    if plan.spec is None:
+        return []
+    out = []
+    for ctype, (reason, message) in ADVISORY_CONDITIONS.items():
+        warn = [p for p in plan.problems if p.condition == ctype]
+        out.append(Condition(ctype, "False", warn[0].reason, warn[0].message) if warn
+                   else Condition(ctype, "True", reason, message))
+    return out
+
+
 def _warmth(restart: Obj | None) -> list[Condition]:
     results = (restart or {}).get("results") or []
     if (restart or {}).get("reason") == "ColdStart":
@@ -116,7 +131,7 @@ def _workload(plan: Plan, obs: Observed) -> list[Condition]:
 def conditions_for(plan: Plan, obs: Observed) -> list[Condition]:
     """Every condition this reconcile observes."""
     warm = _warmth(obs.restart) if plan.spec is not None and plan.spec.hicache.disk.enabled else []
-    return [*_validity(plan), *_persistence(plan), *warm, *_workload(plan, obs)]
+    return [*_validity(plan), *_persistence(plan), *_advisories(plan), *warm, *_workload(plan, obs)]
 
 
 def cache_history(new: Obj, old: Obj | None, keep: int) -> Obj:

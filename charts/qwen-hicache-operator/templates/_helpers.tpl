@@ -62,10 +62,12 @@ Shared by the ClusterRole (cluster-wide mode) and every Role (namespace-scoped m
   resources: ["qwenhicacheservers/status"]
   verbs: ["patch"]
 # The serving pods' StatefulSet: read to compare, server-side apply (a PATCH; when the object does not
-# exist yet the API server authorizes it as create too), watched for readiness changes.
+# exist yet the API server authorizes it as create too), watched for readiness changes; deleted with
+# propagationPolicy Orphan (pods kept) when a disk-tier change needs new volumeClaimTemplates, which a
+# StatefulSet cannot change in place.
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # The client and headless Services: read to compare, server-side apply (create + patch, as above).
 - apiGroups: [""]
   resources: ["services"]
@@ -79,7 +81,8 @@ Shared by the ClusterRole (cluster-wide mode) and every Role (namespace-scoped m
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "delete"]
-# The per-pod cache volumes: listed by label, and annotated with the cache fingerprint (a merge patch).
+# The per-pod cache volumes: listed by label, annotated with the cache fingerprint and expanded when
+# hicache.disk.size grows (merge patches).
 # Never deleted: they outlive the resource and the operator.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]

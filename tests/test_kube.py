@@ -1,0 +1,34 @@
+"""The thin client's error handling: answers that must not crash a reconcile."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic.exceptions import api_exception
+from qwen_hicache import kube as kube_mod
+
+
+class _Nodes:
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+    def get(self, **_: Any) -> Any:
+        raise api_exception(ApiException(status=self.status, reason="refused"))
+
+
+@pytest.mark.parametrize("status", [400, 403, 404, 422])
+def test_node_list_the_server_refuses_skips_the_node_check(monkeypatch: pytest.MonkeyPatch, status: int) -> None:
+    k = kube_mod.Kube.__new__(kube_mod.Kube)
+    k._nodes = {}
+    monkeypatch.setattr(kube_mod.Kube, "_resource", lambda self, v, kind: _Nodes(status))
+    assert k.list_nodes({"bad key": "x"}) == []
+
+
+def test_other_node_list_errors_still_surface(monkeypatch: pytest.MonkeyPatch) -> None:
+    k = kube_mod.Kube.__new__(kube_mod.Kube)
+    k._nodes = {}
+    monkeypatch.setattr(kube_mod.Kube, "_resource", lambda self, v, kind: _Nodes(500))
+    with pytest.raises(Exception):  # noqa: B017 - a server error is retried by the reconcile's error path
+        k.list_nodes({})
