@@ -70,7 +70,8 @@ def test_valid_resource_gets_children_status_and_events(
     limits = sts.spec.template.spec.containers[0].resources.limits
     assert limits["nvidia.com/gpu"] == "2" and limits["memory"] == str(obj["status"]["sizing"]["podMemoryLimitBytes"])
     services = client.CoreV1Api(kube_api).list_namespaced_service(namespace).items
-    assert {s.metadata.name for s in services} == {NAME, f"{NAME}-headless"}
+    # the client Service, the pods' headless Service, and (replicas > 1: spec.router on) the router's own Service
+    assert {s.metadata.name for s in services} == {NAME, f"{NAME}-headless", f"{NAME}-router"}
     events = eventually(lambda: [e for e in client.CoreV1Api(kube_api).list_namespaced_event(namespace).items
                                  if e.involved_object.name == NAME])
     accepted = [e for e in events if e.reason == "Accepted"]
