@@ -154,6 +154,8 @@ class Engine:
         details = {"device": d * page, "host": h * page, "storage": s * page}
         for source, n in details.items():
             self._count(f"cached_tokens_total/{source}", n)
+        self._count("prompt_tokens_total/false", len(tokens))  # is_streaming="false"
+        self._count("num_requests_total/false", 1)
         return details
 
     def _insert(self, keys: list[str]) -> None:
@@ -200,12 +202,11 @@ class Engine:
             self.counters["prefetched_tokens_total"] = stats.prefetched_pages * page
             self.counters["backuped_tokens_total"] = stats.backuped_pages * page
             self.counters["qwen_hicache_sim:corrupt_pages_total"] = self.disk.corrupt_pages
-        gauges = {
-            "num_running_reqs": self.running,
-            "hicache_host_used_tokens": len(self.host.pages) * self.args.page_size,
-            "hicache_host_total_tokens": self.host.capacity * self.args.page_size,
-        }
-        return render(self.args.served_model_name, self.counters, gauges)
+        gauges = {"num_running_reqs": self.running}
+        if self.args.enable_hierarchical_cache:  # the scheduler declares these only then
+            gauges["hicache_host_used_tokens"] = len(self.host.pages) * self.args.page_size
+            gauges["hicache_host_total_tokens"] = self.host.capacity * self.args.page_size
+        return render(self.args.served_model_name, self.counters, gauges, self.args.tp_size, self.disk is not None)
 
     def identity(self, path: str) -> dict:
         """What a router reads to register the worker: the runtime's /v1/models, /model_info, /server_info.
@@ -274,7 +275,7 @@ class Handler(BaseHTTPRequestHandler):
         if path in ("/health", "/ready", "/health_generate"):
             ok = engine.state == "ready"
             self._send(200 if ok else 503, "" if ok else f"{engine.state}\n")
-        elif path == "/metrics":
+        elif path == "/metrics" and engine.args.enable_metrics:  # no route without --enable-metrics
             self._send(200, engine.metrics(), "text/plain; version=0.0.4; charset=utf-8")
         elif path == "/sim/info":
             self._send(200, engine.info())

@@ -40,7 +40,11 @@ def generate(ip: str, port: int, text: str, timeout: float = TIMEOUT_SECONDS) ->
 
 
 def cache_metrics(ip: str, port: int, timeout: float = 10.0) -> dict[str, float]:
-    """Storage-related counters from `/metrics`, summed over labels (`name{cache_source=...}` kept apart)."""
+    """Storage-related counters from `/metrics`, summed over labels (`name{cache_source=...}` kept apart).
+
+    Storage counters come once per TP rank with the same token counts (each rank moves its shard of the
+    same pages), so only rank 0 is counted: a sum would multiply them by the TP size.
+    """
     try:
         with urllib.request.urlopen(f"http://{ip}:{port}/metrics", timeout=timeout) as resp:
             text = resp.read().decode()
@@ -48,6 +52,8 @@ def cache_metrics(ip: str, port: int, timeout: float = 10.0) -> dict[str, float]
         return {}
     out: dict[str, float] = {}
     for name, labels, value in _METRIC.findall(text):
+        if re.search(r'\btp_rank="(?!0")', labels or ""):
+            continue
         source = re.search(r'cache_source="([a-z]+)"', labels or "")
         key = f"{name}{{{source.group(1)}}}" if source else name
         out[key] = out.get(key, 0.0) + float(value)
