@@ -60,7 +60,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 
 def _run(body: Any, logger: logging.Logger) -> None:
-    with metrics.track_reconcile(body["metadata"]["namespace"]):
+    with metrics.track_reconcile(body["metadata"]["namespace"], body["metadata"]["name"]):
         outcome = reconciler.reconcile(kube(), dict(body), post_event)
         if outcome.applied or outcome.status_written:
             logger.info("reconciled: applied=%s status_written=%s", outcome.applied, outcome.status_written)

@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import DynamicApiError
 
-from . import disk_change, drift, engine, policies, render, rollout, router
+from . import disk_change, drift, engine, metrics, policies, render, rollout, router
 from .conditions import transitions
 from .kube import Kube
 from .plan import Plan, plan
@@ -233,6 +233,8 @@ def _reconcile_locked(kube: Kube, body: Obj, post_event: EventSink, now: str) ->
     if delta:
         kube.patch_status(meta["namespace"], meta["name"], delta)
         outcome.status_written = True
+    # After the write, so a failed patch (retried next time) is never counted twice.
+    metrics.observe_restart_status(meta["namespace"], meta["name"], old.get("restart"), obs.restart, now)
     _post_transitions(body, conditions_for(p, obs), old.get("conditions"), post_event)
     return outcome
 
