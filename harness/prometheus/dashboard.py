@@ -66,7 +66,7 @@ PANELS: tuple[Panel, ...] = (
     Panel("Disk tier use vs cap (per replica and TP rank)",
           "Bytes of the current cache namespace over the runtime's per-rank cap, from the pod's cache-usage "
           "sidecar. Near 100% the runtime evicts least-recently-used pages: the working set is larger than the cap.",
-          ((f'qwen_hicache_disk_used_bytes{{{SEL}}}\n/ on(namespace, pod, tp_rank)\n'
+          ((f'qwen_hicache_disk_used_bytes{{{SEL}}}\n/\n'
             f'qwen_hicache_disk_cap_bytes{{{SEL}}}', "{{pod}} rank {{tp_rank}}"),), "percentunit",
           extra={"max": 1}),
     Panel("Disk tier bytes and page files",

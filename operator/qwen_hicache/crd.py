@@ -22,6 +22,8 @@ PRINTER_COLUMNS = [
     {"name": "TP", "type": "integer", "jsonPath": ".spec.runtime.tensorParallelSize"},
     {"name": "Host-GB/Rank", "type": "number", "jsonPath": ".status.launch.hostMemoryPerRankGB", "priority": 0},
     {"name": "Disk", "type": "string", "jsonPath": ".spec.hicache.disk.size"},
+    {"name": "Cache", "type": "string", "jsonPath": ".status.cacheSummary",
+     "description": "Fullest replica's disk tier vs its cap, warm/restarted pods of the last rollout, namespace age"},
     {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
      "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

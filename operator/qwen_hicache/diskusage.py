@@ -7,8 +7,8 @@ the cache volume mounted. Every `QWEN_HICACHE_USAGE_INTERVAL` seconds (30) it wa
 namespace with `os.scandir` (one `stat` per page file: about a second per million files, on a thread,
 never on the request path) and reads `statvfs` of the volume; `/metrics` serves the last snapshot:
 
-- `qwen_hicache_disk_used_bytes{tp_rank}` / `qwen_hicache_disk_page_files{tp_rank}`: blocks and `.bin`
-  files of the current namespace per TP rank (the runtime's cap, `SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE`,
+- `qwen_hicache_disk_used_bytes{tp_rank}` / `qwen_hicache_disk_page_files{tp_rank}`: bytes (file sizes,
+  what the runtime's evictor counts against its cap) and `.bin` files of the current namespace per TP rank (the runtime's cap, `SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE`,
   is enforced per rank on the files carrying that rank's key suffix `_<rank>_<tp size>.bin`),
 - `qwen_hicache_disk_cap_bytes{tp_rank}`: that cap, as the operator sized it,
 - `qwen_hicache_disk_old_namespaces_bytes`, `qwen_hicache_disk_volume_{used,size}_bytes`,
@@ -76,7 +76,7 @@ def scan():
         m = rank_of.search(e.name)
         if m and m.group(1) in used:
             try:
-                used[m.group(1)] += e.stat(follow_symlinks=False).st_blocks * 512
+                used[m.group(1)] += e.stat(follow_symlinks=False).st_size
                 files[m.group(1)] += 1
             except OSError:
                 pass
@@ -93,7 +93,7 @@ def scan():
         lab = ",".join('%s="%s"' % kv for kv in labels.items())
         lines.append("%s%s %s" % (name, "{%s}" % lab if lab else "", float(value)))
     for r in sorted(used, key=int):
-        put("qwen_hicache_disk_used_bytes", used[r], "Bytes on disk of the current cache namespace, per TP rank.", tp_rank=r)
+        put("qwen_hicache_disk_used_bytes", used[r], "Bytes of page files of the current cache namespace, per TP rank.", tp_rank=r)
     for r in sorted(files, key=int):
         put("qwen_hicache_disk_page_files", files[r], "Page files of the current cache namespace, per TP rank.", tp_rank=r)
     if cap:

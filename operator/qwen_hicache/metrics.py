@@ -109,6 +109,18 @@ def observe_pod_restart(namespace: str, server: str, result: str, ready_seconds:
     RESTORED_TOKENS.labels(namespace, server).set(restored_tokens)
 
 
+def _precreate(namespace: str, server: str) -> None:
+    """Create the server's counters at 0 before their first increment.
+
+    A series that appears already at 1 has no `increase()` in Prometheus, so the first cold restart
+    would never alert; creating them when a rollout starts (minutes before any pod result) avoids it.
+    """
+    for result in ("warm", "cold", "new_namespace"):
+        POD_RESTARTS.labels(namespace, server, result)
+    for outcome in ("complete", "paused"):
+        ROLLOUTS.labels(namespace, server, outcome)
+
+
 def set_rollout_phase(namespace: str, server: str, phase: str | None) -> None:
     for p in PHASES:
         ROLLOUT_PHASE.labels(namespace, server, p).set(1 if p == phase else 0)
@@ -130,6 +142,7 @@ def observe_restart_status(namespace: str, server: str, old: dict[str, Any] | No
     """
     if not new:
         return
+    _precreate(namespace, server)
     old = old or {}
     same = old.get("id") == new.get("id")
     seen = len(old.get("results") or []) if same else 0

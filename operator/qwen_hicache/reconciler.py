@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import DynamicApiError
 
-from . import disk_change, drift, engine, metrics, policies, render, rollout, router
+from . import disk_change, diskusage, drift, engine, metrics, policies, render, rollout, router
 from .conditions import transitions
 from .kube import Kube
 from .plan import Plan, plan
@@ -157,7 +157,16 @@ def _converge(kube: Kube, body: Obj, p: Plan, outcome: Outcome, now: str) -> Obs
     pods = kube.list("v1", "Pod", meta["namespace"], render.selector(meta["name"]))
     restart = _run_rollout(kube, body, p, pods, now)
     routing = router.sync(kube, meta, p.spec, restart, old.get("router"))  # seam "after warm check": listed again
-    return Observed(sts=sts, restart=restart, pod_problems=_pod_problems(pods), admin_secret=secret, router=routing)
+    return Observed(sts=sts, restart=restart, pod_problems=_pod_problems(pods), admin_secret=secret, router=routing,
+                    disk_usage=_disk_usage(p, pods))
+
+
+def _disk_usage(p: Plan, pods: list[Obj]) -> tuple[tuple[str, Obj | None], ...]:
+    """Each running pod's disk tier as its cache-usage sidecar reports it (None when it does not answer)."""
+    if not p.spec.hicache.disk.enabled:
+        return ()
+    running = [(pod["metadata"]["name"], ip) for pod in pods if (ip := (pod.get("status") or {}).get("podIP"))]
+    return tuple((name, diskusage.read_usage(ip, timeout=2.0)) for name, ip in sorted(running))
 
 
 def _smallest_node_memory(kube: Kube, spec: Obj) -> int | None:

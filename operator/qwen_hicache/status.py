@@ -11,6 +11,7 @@ Conditions:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from .conditions import Condition, merge
@@ -29,6 +30,8 @@ class Observed:
     pod_problems: tuple[str, ...] = ()
     admin_secret: str | None = None
     router: Obj | None = None
+    disk_usage: tuple[tuple[str, Obj | None], ...] = ()
+    """(pod, its cache-usage sidecar's numbers or None) per running pod; see `replica_cache`."""
 
 
 def _validity(plan: Plan) -> list[Condition]:
@@ -162,7 +165,58 @@ def build_status(plan: Plan, obs: Observed, old: Obj | None, generation: int, no
     extras = {"launch": plan.launch, "sizing": plan.sizing, "cache": cache_history(plan.cache, old.get("cache"), keep),
               "restart": obs.restart, "adminSecret": obs.admin_secret or old.get("adminSecret"), "router": obs.router}
     status.update({k: v for k, v in extras.items() if v})
+    status.update(replica_cache(obs.disk_usage, obs.restart, old, now))
     return without_nulls(status)
+
+
+# -- Per-replica cache: disk tier use vs cap, namespace age, last restart's restored tokens -----------------
+
+
+def _age(since: int, now: str) -> str:
+    """A coarse age (changes at most hourly, so the summary does not rewrite status every reconcile)."""
+    seconds = max(0, int(datetime.strptime(now, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()) - since)
+    return f"{seconds // 86400}d" if seconds >= 86400 else f"{seconds // 3600}h"
+
+
+def _restored(restart: Obj | None) -> dict[str, int]:
+    return {r["pod"]: int(r.get("storageTokens") or 0) for r in (restart or {}).get("results") or []}
+
+
+def replica_cache(usage: tuple[tuple[str, Obj | None], ...], restart: Obj | None, old: Obj, now: str) -> Obj:
+    """`replicaCache` (one entry per pod) and the one-line `cacheSummary` for `kubectl get`.
+
+    Disk numbers come from each pod's cache-usage sidecar (qwen_hicache.diskusage), the same endpoint
+    Prometheus scrapes. A pod that does not answer keeps its previous entry, so a slow sidecar does not
+    make the status flap; restored tokens are the pod's last verified restart (status.restart.results).
+    """
+    if not usage:
+        return {}
+    before = {e["pod"]: e for e in old.get("replicaCache") or []}
+    restored = _restored(restart)
+    entries = []
+    for pod, numbers in usage:
+        if not numbers and pod not in before:
+            continue  # no sidecar answer yet (or none at all): say nothing rather than guess
+        entry = {"pod": pod, **({k: v for k, v in numbers.items() if k != "fingerprint"} if numbers else
+                                {k: v for k, v in before.get(pod, {}).items() if k != "pod"})}
+        if "namespaceCreatedAt" in entry and isinstance(entry["namespaceCreatedAt"], int):
+            created = entry.pop("namespaceCreatedAt")
+            entry["namespaceCreated"] = datetime.fromtimestamp(created, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            entry["namespaceAge"] = _age(created, now)
+        if pod in restored:
+            entry["lastRestoredTokens"] = restored[pod]
+        entries.append(entry)
+    if not entries:
+        return {}
+    ratios = [e["diskUsedRatio"] for e in entries if "diskUsedRatio" in e]
+    ages = [e["namespaceAge"] for e in entries if "namespaceAge" in e]
+    parts = [f"disk {max(ratios):.0%}" if ratios else "disk ?"]
+    results = [r for r in (restart or {}).get("results") or [] if not r.get("newCacheNamespace")]
+    if results:
+        parts.append(f"{sum(1 for r in results if r.get('warm'))}/{len(results)} warm")
+    if ages:
+        parts.append(f"ns {min(ages, key=lambda a: (a[-1] == 'd', int(a[:-1])))}")
+    return {"replicaCache": entries, "cacheSummary": " | ".join(parts)}
 
 
 def without_nulls(value: Any) -> Any:

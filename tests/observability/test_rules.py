@@ -42,6 +42,8 @@ CASES: list[tuple[str, dict[str, str], str, dict[str, str] | None, float]] = [
     ("QwenHiCacheVolumeAlmostFull", {f'qwen_hicache_disk_volume_used_bytes{{{POD}}}': "97x20",
                                      f'qwen_hicache_disk_volume_size_bytes{{{POD}}}': "100x20"}, "15m",
      {"namespace": "ml", "server": "qwen", "pod": "qwen-0"}, 0.97),
+    ("QwenHiCacheVolumeAlmostFull", {f'qwen_hicache_disk_volume_used_bytes{{{POD}}}': "97x5 90x15",
+                                     f'qwen_hicache_disk_volume_size_bytes{{{POD}}}': "100x20"}, "15m", None, 0),
     # 6.5 h at a 60% disk share, then 5%: fires; a server whose share was always 4% never does.
     ("QwenHiCacheStorageHitShareCollapsed",
      {f'sglang:prompt_tokens_total{{{POD},model_name="m",engine_type="unified",is_streaming="false"}}': "0+1000x480",
