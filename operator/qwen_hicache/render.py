@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import launch, podlifecycle, render_router
+from . import diskusage, launch, podlifecycle, render_router
 from .constants import (  # noqa: F401 - re-exported
     ANNOTATION_PREFIX,
     COMPONENT_LABEL,
@@ -28,7 +28,7 @@ from .spec import API_VERSION, KIND, QwenHiCacheServerSpec
 
 Obj = dict[str, Any]
 
-RENDER_VERSION = "2"
+RENDER_VERSION = "3"
 
 CACHE_VOLUME = "hicache"
 HTTP_PORT_NAME = "http"
@@ -187,6 +187,28 @@ def get_cache_guard(spec: QwenHiCacheServerSpec, layout: CacheLayout) -> Obj:
     }
 
 
+def get_cache_usage_sidecar(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing, layout: CacheLayout) -> Obj:
+    """Sidecar that measures the pod's disk tier for Prometheus and `status.replicaCache` (see diskusage)."""
+    env = [
+        {"name": "QWEN_HICACHE_CACHE_ROOT", "value": launch.CACHE_MOUNT},
+        {"name": "QWEN_HICACHE_FINGERPRINT", "value": layout.fingerprint},
+        {"name": "QWEN_HICACHE_TP_SIZE", "value": str(spec.runtime.tensor_parallel_size)},
+    ]
+    if sizing.disk_cap_bytes_per_rank:
+        env.append({"name": launch.MAX_SIZE_ENV, "value": str(sizing.disk_cap_bytes_per_rank)})
+    return {
+        "name": "cache-usage",
+        "image": spec.runtime.image,
+        "imagePullPolicy": spec.runtime.image_pull_policy,
+        "command": ["python3", "-c", diskusage.SCRIPT],
+        "env": env,
+        "ports": [{"name": diskusage.PORT_NAME, "containerPort": diskusage.PORT, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
+        "volumeMounts": [{"name": CACHE_VOLUME, "mountPath": launch.CACHE_MOUNT}],
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True},
+    }
+
+
 def get_container(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing, layout: CacheLayout) -> Obj:
     """The runtime container, started with the derived SGLang flags."""
     env = launch.launch_env(spec, sizing, layout.fingerprint, admin_secret_name(meta["name"]), layout.drain)
@@ -218,6 +240,7 @@ def get_pod_template(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.Laun
     }
     if spec.hicache.disk.enabled:
         pod_spec["initContainers"] = [get_cache_guard(spec, layout)]
+        pod_spec["containers"].append(get_cache_usage_sidecar(spec, sizing, layout))
     if spec.runtime.node_selector:
         pod_spec["nodeSelector"] = dict(spec.runtime.node_selector)
     if spec.runtime.tolerations:
