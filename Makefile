@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RUNTIME_TEST_REQS := $(wildcard runtime_patches/requirements-test.txt)
 
-.PHONY: setup cluster demo test lint bench crds clean
+.PHONY: setup cluster prometheus demo test lint bench crds clean
 
 setup: $(STAMP)
 
@@ -22,13 +22,17 @@ cluster: setup
 	@echo "==> building the local Kubernetes API server and fetching kubectl/helm (first time: a few minutes)"
 	$(PY) -m harness.devcluster build
 
+prometheus: setup
+	@echo "==> building Prometheus and promtool from harness/prometheus/go.mod (first time: several minutes)"
+	$(PY) -m harness.prometheus.build
+
 demo: cluster
 	$(PY) -m harness.demo
 
 lint: setup
 	$(VENV)/bin/ruff check operator harness tests bench runtime_patches
 
-test: cluster lint
+test: cluster prometheus lint
 	$(PY) -m pytest -q -ra
 
 bench: cluster

@@ -1,4 +1,4 @@
-"""The HiCache Grafana dashboard, written as data: `python -m harness.prometheus.dashboard` regenerates the chart's JSON.
+"""The HiCache Grafana dashboard as data; `python -m harness.prometheus.dashboard` regenerates the chart's JSON.
 
 Why generated: every panel's PromQL is also what the observability test runs against a real Prometheus
 (and what the picture in docs/ is drawn from), so the queries live in one list, `PANELS`. A test fails
@@ -35,11 +35,11 @@ class Panel:
     extra: dict = field(default_factory=dict)
 
 
-def _share(by: str) -> str:
+def _share(by: str, window: str = "rate(%s[$__rate_interval])") -> str:
     """Cached tokens by source over all prompt tokens (1 - their sum is what was computed)."""
-    return (f'sum by ({by}, cache_source) (rate(sglang:cached_tokens_total{{{SEL}}}[$__rate_interval]))\n'
-            f'/ ignoring(cache_source) group_left\n'
-            f'sum by ({by}) (rate(sglang:prompt_tokens_total{{{SEL}}}[$__rate_interval]))')
+    cached, prompt = (window % f"{m}{{{SEL}}}" for m in ("sglang:cached_tokens_total", "sglang:prompt_tokens_total"))
+    return (f'sum by ({by}, cache_source) ({cached})\n/ ignoring(cache_source) group_left\n'
+            f'sum by ({by}) ({prompt})')
 
 
 PANELS: tuple[Panel, ...] = (
@@ -48,9 +48,11 @@ PANELS: tuple[Panel, ...] = (
           "the rest was computed. From the runtime's sglang:cached_tokens_total{cache_source} over "
           "sglang:prompt_tokens_total.",
           ((_share("namespace, server"), "{{server}} {{cache_source}}"),), "percentunit", stack=True),
-    Panel("Prompt tokens served from cache, by source (per replica)",
-          "The same share per pod: a replica whose storage share lags the others is cold or has a smaller cache.",
-          ((_share("pod"), "{{pod}} {{cache_source}}"),), "percentunit", stack=True),
+    Panel("Prompt tokens served from cache, by source (per replica, over the range)",
+          "The same share per pod over the dashboard's time range: a replica whose storage share lags the others "
+          "is cold or has a smaller cache.",
+          ((_share("pod", "increase(%s[$__range])"), "{{pod}} {{cache_source}}"),), "percentunit", kind="bargauge",
+          extra={"max": 1}),
     Panel("Disk-tier prefetch and backup (tokens/s)",
           "Tokens read from the disk tier into host RAM (prefetch) and written from host RAM to disk (backup). "
           "Storage counters are per TP rank with equal counts: rank 0 stands for the pod.",
@@ -76,15 +78,16 @@ PANELS: tuple[Panel, ...] = (
           "bytes"),
     Panel("Restarted pods: warm or cold",
           "Pods restarted by the operator's rollouts whose canary came back from disk (warm), without a disk "
-          "hit on the same cache (cold), or on a new cache namespace (new_namespace, cold by design).",
-          ((f'sum by (server, result) (increase(qwen_hicache_pod_restarts_total{{{SEL}}}[$__range]))',
+          "hit on the same cache (cold), or on a new cache namespace (new_namespace, cold by design). Rounded: "
+          "increase() extrapolates to the window's edges.",
+          ((f'round(sum by (server, result) (increase(qwen_hicache_pod_restarts_total{{{SEL}}}[$__range])))',
             "{{server}} {{result}}"),), "short", kind="bargauge"),
     Panel("Rollouts and their duration",
           "Rollouts that ended (complete or paused) and how long they took.",
-          ((f'sum by (server, outcome) (increase(qwen_hicache_rollouts_total{{{SEL}}}[$__range]))',
+          ((f'round(sum by (server, outcome) (increase(qwen_hicache_rollouts_total{{{SEL}}}[$__range])))',
             "{{server}} {{outcome}}"),
-           (f'max by (server, outcome) (rate(qwen_hicache_rollout_duration_seconds_sum{{{SEL}}}[$__range])\n/\n'
-            f'rate(qwen_hicache_rollout_duration_seconds_count{{{SEL}}}[$__range]))', "{{server}} mean s")),
+           (f'max by (server, outcome) (qwen_hicache_rollout_duration_seconds_sum{{{SEL}}}\n/\n'
+            f'qwen_hicache_rollout_duration_seconds_count{{{SEL}}})', "{{server}} {{outcome}} mean seconds")),
           "short", kind="bargauge"),
     Panel("Rollout phase",
           "1 while the server's last rollout is in that phase. Paused needs the admin: see status.restart.",

@@ -88,10 +88,11 @@ class Stand:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> Stand:
+        from qwen_hicache import metrics
+
         from harness.devcluster import free_ports
         from harness.sim.cluster import IpPool
         from harness.sim.sglang_tree import TREE_ENV, patched_sglang_tree
-        from qwen_hicache import metrics
 
         self._tree_env = {TREE_ENV: str(patched_sglang_tree())}
         pool = IpPool()
@@ -127,17 +128,16 @@ class Stand:
     def _wait_ready(self, pod: Pod, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(pod.url + "/ready", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
+            with contextlib.suppress(OSError), urllib.request.urlopen(pod.url + "/ready", timeout=2) as resp:
+                if resp.status == 200:
+                    return
             if pod.engine and pod.engine.poll() is not None:
                 raise RuntimeError(f"engine {pod.name} exited {pod.engine.returncode}")
             time.sleep(0.1)
         raise TimeoutError(f"{pod.name} not ready")
 
     def _config(self, rules: Path) -> dict:
-        def job(name: str, port: int, labelled: bool = True) -> dict:
+        def job(name: str, port: int) -> dict:
             targets = [{"targets": [f"{p.ip}:{port}"],
                         "labels": {"namespace": NAMESPACE, "pod": p.name, "server": SERVER}} for p in self.pods]
             return {"job_name": name, "static_configs": targets}
@@ -160,20 +160,21 @@ class Stand:
         config.write_text(yaml.safe_dump(self._config(rules), sort_keys=False))
         binary = build.ensure()["prometheus"]
         self.prom_url = f"http://127.0.0.1:{port}"
+        self._log = open(self.workdir / "prometheus.log", "w")  # noqa: SIM115 - closed in close()
         self.prometheus = subprocess.Popen(
             [str(binary), f"--config.file={config}", f"--storage.tsdb.path={self.workdir / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=2h", "--log.level=warn"],
-            stdout=subprocess.DEVNULL, stderr=open(self.workdir / "prometheus.log", "w"))  # fmt: skip
+            stdout=subprocess.DEVNULL, stderr=self._log)  # fmt: skip
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(self.prom_url + "/-/ready", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
+            with contextlib.suppress(OSError), urllib.request.urlopen(self.prom_url + "/-/ready", timeout=2) as resp:
+                if resp.status == 200:
+                    return
             time.sleep(0.2)
         raise TimeoutError("prometheus did not become ready: " + (self.workdir / "prometheus.log").read_text()[-2000:])
 
     def close(self) -> None:
+        """Stop Prometheus and every pod process (SIGTERM, then SIGKILL after 10 s)."""
         procs = [self.prometheus, *(p.engine for p in self.pods), *(p.usage for p in self.pods)]
         for proc in procs:
             if proc is not None and proc.poll() is None:
@@ -185,6 +186,8 @@ class Stand:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+        if getattr(self, "_log", None):
+            self._log.close()
 
     def __enter__(self) -> Stand:
         return self.start()
@@ -221,15 +224,15 @@ class Stand:
         meta = pod.call("/generate", {"text": canary, "sampling_params": {"max_new_tokens": 1}})["meta_info"]
         return int(meta["cached_tokens_details"]["storage"])
 
-    def rollout(self, rid: str, cold_pods: tuple[str, ...] = (), pause_on_cold: bool = True) -> None:
+    def rollout(self, rid: str, cold_pods: tuple[str, ...] = (), only: tuple[str, ...] = (),
+                pause_on_cold: bool = True) -> None:
         """A rolling restart, highest ordinal first, with status.restart as the operator records it."""
-        from qwen_hicache import metrics
-
+        pods = [p for p in reversed(self.pods) if not only or p.name in only]
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        rs: dict = {"id": rid, "phase": "Rolling", "pending": [p.name for p in reversed(self.pods)], "done": [],
+        rs: dict = {"id": rid, "phase": "Rolling", "pending": [p.name for p in pods], "done": [],
                     "inFlight": [], "results": [], "started": now}
         self._observe(rs)
-        for pod in reversed(self.pods):
+        for pod in pods:
             t0 = time.monotonic()
             tokens = self.restart(pod, cold=pod.name in cold_pods)
             rs = json.loads(json.dumps(rs))
@@ -237,12 +240,12 @@ class Stand:
             rs["results"].append({"pod": pod.name, "warm": tokens > 0, "storageTokens": tokens,
                                   "timeToReadySeconds": int(time.monotonic() - t0)})
             if tokens == 0 and pause_on_cold:
-                rs.update(phase="Paused", reason="ColdStart", message=f"pod {pod.name} came back cold")
+                rs = {**rs, "phase": "Paused", "reason": "ColdStart", "message": f"pod {pod.name} came back cold"}
                 self._observe(rs)
                 return
             rs["done"].append(pod.name)
             self._observe(rs)
-        rs.update(phase="Complete", finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        rs = {**rs, "phase": "Complete", "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         self._observe(rs)
 
     def _observe(self, rs: dict) -> None:

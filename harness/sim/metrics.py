@@ -63,7 +63,7 @@ def _labelnames(node: ast.AST | None) -> tuple[bool, tuple[str, ...]]:
         return False, ()
     text = ast.unparse(node)
     extras = tuple(s for n in ast.walk(node) if (s := _str(n)) is not None)
-    return "labels.keys()" in text or "labels" == text, extras
+    return "labels.keys()" in text or text == "labels", extras
 
 
 def _dict_keys(func: ast.AST) -> tuple[str, ...]:
@@ -86,9 +86,9 @@ def _precreated(cls: ast.ClassDef, attrs: dict[str, str]) -> dict[str, tuple[str
         values = tuple(v for v in (_str(e) for e in loop.iter.elts) if v)
         for call in (n for n in ast.walk(loop) if isinstance(n, ast.Call)):
             f = call.func
-            if isinstance(f, ast.Attribute) and f.attr == "labels" and isinstance(f.value, ast.Attribute):
-                if f.value.attr in attrs:
-                    out[attrs[f.value.attr]] = values
+            labelled = isinstance(f, ast.Attribute) and f.attr == "labels" and isinstance(f.value, ast.Attribute)
+            if labelled and f.value.attr in attrs:
+                out[attrs[f.value.attr]] = values
     return out
 
 

@@ -8,8 +8,9 @@ namespace with `os.scandir` (one `stat` per page file: about a second per millio
 never on the request path) and reads `statvfs` of the volume; `/metrics` serves the last snapshot:
 
 - `qwen_hicache_disk_used_bytes{tp_rank}` / `qwen_hicache_disk_page_files{tp_rank}`: bytes (file sizes,
-  what the runtime's evictor counts against its cap) and `.bin` files of the current namespace per TP rank (the runtime's cap, `SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE`,
-  is enforced per rank on the files carrying that rank's key suffix `_<rank>_<tp size>.bin`),
+  what the runtime's evictor counts against its cap) and `.bin` files of the current namespace per TP
+  rank (the runtime's cap, `SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE`, is enforced per rank on the files
+  carrying that rank's key suffix `_<rank>_<tp size>.bin`),
 - `qwen_hicache_disk_cap_bytes{tp_rank}`: that cap, as the operator sized it,
 - `qwen_hicache_disk_old_namespaces_bytes`, `qwen_hicache_disk_volume_{used,size}_bytes`,
 - `qwen_hicache_cache_namespace_created_timestamp_seconds` (written once into the namespace as
@@ -93,16 +94,16 @@ def scan():
         lab = ",".join('%s="%s"' % kv for kv in labels.items())
         lines.append("%s%s %s" % (name, "{%s}" % lab if lab else "", float(value)))
     for r in sorted(used, key=int):
-        put("qwen_hicache_disk_used_bytes", used[r], "Bytes of page files of the current cache namespace, per TP rank.", tp_rank=r)
+        put("qwen_hicache_disk_used_bytes", used[r], "Page file bytes of the current namespace.", tp_rank=r)
     for r in sorted(files, key=int):
-        put("qwen_hicache_disk_page_files", files[r], "Page files of the current cache namespace, per TP rank.", tp_rank=r)
+        put("qwen_hicache_disk_page_files", files[r], "Page files of the current namespace.", tp_rank=r)
     if cap:
         for r in sorted(used, key=int):
             put("qwen_hicache_disk_cap_bytes", cap, "The runtime's disk-tier cap per TP rank.", tp_rank=r)
     put("qwen_hicache_disk_old_namespaces_bytes", old, "Bytes of earlier cache namespaces kept on the volume.")
-    put("qwen_hicache_disk_volume_used_bytes", (st.f_blocks - st.f_bfree) * st.f_frsize, "Used bytes of the cache volume.")
+    put("qwen_hicache_disk_volume_used_bytes", (st.f_blocks - st.f_bfree) * st.f_frsize, "Used bytes of the volume.")
     put("qwen_hicache_disk_volume_size_bytes", st.f_blocks * st.f_frsize, "Size of the cache volume.")
-    put("qwen_hicache_cache_namespace_created_timestamp_seconds", created(), "When the current cache namespace was first used.")
+    put("qwen_hicache_cache_namespace_created_timestamp_seconds", created(), "First use of the namespace.")
     put("qwen_hicache_cache_namespace_info", 1, "The current cache namespace.", fingerprint=fp)
     put("qwen_hicache_disk_scan_duration_seconds", time.time() - t0, "Wall time of the last scan.")
     put("qwen_hicache_disk_scan_timestamp_seconds", time.time(), "When the last scan finished.")
@@ -130,7 +131,8 @@ class H(http.server.BaseHTTPRequestHandler):
 
 scan()
 threading.Thread(target=loop, daemon=True).start()
-http.server.ThreadingHTTPServer((env.get("QWEN_HICACHE_USAGE_HOST") or "0.0.0.0", int(env.get("QWEN_HICACHE_USAGE_PORT") or PORT)), H).serve_forever()
+addr = (env.get("QWEN_HICACHE_USAGE_HOST") or "0.0.0.0", int(env.get("QWEN_HICACHE_USAGE_PORT") or PORT))
+http.server.ThreadingHTTPServer(addr, H).serve_forever()
 '''.replace("CREATED_FILE", CREATED_FILE).replace("PORT)", f"{PORT})")
 
 _SAMPLE = re.compile(r'^(qwen_hicache_[a-z_]+)(?:\{([^}]*)\})? ([0-9.eE+-]+)$', re.M)

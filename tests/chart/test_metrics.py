@@ -43,7 +43,8 @@ def test_restart_status_changes_count_pods_and_rollouts_once() -> None:
     one = {**rolling, "done": ["qwen-1"],
            "results": [{"pod": "qwen-1", "warm": True, "storageTokens": 4032, "timeToReadySeconds": 70}]}
     done = {**one, "phase": "Complete", "finished": "2026-01-01T00:05:00Z", "done": ["qwen-1", "qwen-0"],
-            "results": [*one["results"], {"pod": "qwen-0", "warm": False, "storageTokens": 0, "timeToReadySeconds": 50}]}
+            "results": [*one["results"],
+                        {"pod": "qwen-0", "warm": False, "storageTokens": 0, "timeToReadySeconds": 50}]}
     for old, new in ((None, rolling), (rolling, one), (one, one), (one, done), (done, done)):
         metrics.observe_restart_status(ns, server, old, new, "2026-01-01T00:06:00Z")
     assert _value("qwen_hicache_pod_restarts_total", namespace=ns, server=server, result="warm") == 1

@@ -46,7 +46,8 @@ def _operator_metrics() -> dict[str, set[str]]:
             kinds = {"counter": ("_total",), "histogram": _SUFFIXES}.get(family.type, ("",))
             for suffix in kinds:
                 out[family.name + suffix] = labels | ({"le"} if suffix == "_bucket" else set())
-    for name, labels in re.findall(r'put\("(qwen_hicache_[a-z_]+)", [^\n]*?((?:, \w+=\w+)*)\)$', diskusage.SCRIPT, re.M):
+    puts = r'put\("(qwen_hicache_[a-z_]+)", [^\n]*?((?:, \w+=\w+)*)\)$'
+    for name, labels in re.findall(puts, diskusage.SCRIPT, re.M):
         out[name] = set(re.findall(r"(\w+)=", labels))
     return out
 

@@ -9,6 +9,7 @@ pauses the rollout; a few reconciles fail. Bounded: about a minute, everything s
 from __future__ import annotations
 
 import time
+
 import pytest
 
 from harness.prometheus import dashboard

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "charts/qwen-hicache-operator/files/prometheus-rules.yaml"
 SRV = 'namespace="ml",server="qwen"'
 POD = f'{SRV},pod="qwen-0"'
-STORE = f'{POD},tp_rank="0",storage_backend="file",dp_rank="0",pp_rank="0",pp_size="1",attn_cp_rank="0",attn_cp_size="1"'
+STORE = (f'{POD},tp_rank="0",storage_backend="file",dp_rank="0",pp_rank="0",pp_size="1",'
+         'attn_cp_rank="0",attn_cp_size="1"')
 
 # (alert, input series, eval time, labels of the firing alert or None for "must not fire", $value)
 CASES: list[tuple[str, dict[str, str], str, dict[str, str] | None, float]] = [
@@ -125,3 +126,15 @@ def test_alerts_fire_for_the_right_reasons(promtool: Path, tmp_path: Path) -> No
     res = subprocess.run([str(promtool), "test", "rules", str(_test_file(tmp_path))], capture_output=True,
                          text=True, timeout=120)  # fmt: skip
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
+
+
+def test_every_dashboard_query_parses(promtool: Path, tmp_path: Path) -> None:
+    """promtool parses each panel's PromQL (Grafana's variables substituted) as a recording rule."""
+    from harness.prometheus import dashboard
+    from harness.prometheus.stand import grafana_expr
+
+    rules = [{"record": f"dashboard:query{i}", "expr": grafana_expr(q)} for i, (_, q) in enumerate(dashboard.queries())]
+    path = tmp_path / "dashboard-rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    res = subprocess.run([str(promtool), "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
