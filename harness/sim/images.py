@@ -5,6 +5,8 @@
 - The operator image (``.../qwen-hicache-operator:<tag>``) runs its own command (``python -m
   qwen_hicache.cli run ...``) with this checkout's interpreter, which has the operator installed.
 - Init containers and hooks run their ``sh -c`` scripts on the host (busybox-like shell images).
+- A ``python3 -c SCRIPT`` container (the runtime image's ``cache-usage`` sidecar: stdlib only) runs the script
+  with this interpreter.
 - Anything else has no stand-in: the pod stays ``ErrImagePull`` (stricter than a cluster that could pull it).
 
 Extra stand-ins (a router image, say) are registered with ``register()``.
@@ -46,6 +48,11 @@ def _operator(container: Obj, argv: list[str]) -> list[str] | None:
     return [sys.executable if argv[0] in _PYTHONS else argv[0], *argv[1:]]
 
 
+def _python(container: Obj, argv: list[str]) -> list[str] | None:
+    """A stdlib-Python program in any image (the cache-usage sidecar): this interpreter runs it for real."""
+    return [sys.executable, *argv[1:]] if len(argv) > 1 and argv[0] in _PYTHONS and argv[1] == "-c" else None
+
+
 def _shell(container: Obj, argv: list[str]) -> list[str] | None:
     return argv if argv and argv[0] in ("sh", "/bin/sh", "bash", "/bin/bash") else None
 
@@ -55,4 +62,5 @@ def command_for(container: Obj, argv: list[str], args_only: list[str]) -> list[s
     for builder in _BUILDERS:
         if (found := builder(container, argv)) is not None:
             return found
-    return _runtime(container, args_only) or _operator(container, argv) or _shell(container, argv)
+    return (_runtime(container, args_only) or _operator(container, argv) or _python(container, argv)
+            or _shell(container, argv))

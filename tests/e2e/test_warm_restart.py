@@ -87,6 +87,16 @@ def test_rolling_restart_is_one_pod_at_a_time_and_warm(
     # One at a time: the second pod was deleted only after the first one's successor was verified.
     assert rs["started"] <= rs["finished"]
     assert obj["status"]["cache"]["terminationGracePeriodSeconds"] > 0
+    # The pods' cache-usage sidecars (the real script) measured each disk tier: per replica in status.
+    cache = eventually(lambda: _replica_cache(custom, namespace), timeout=150)
+    assert {e["pod"] for e in cache} == {f"{NAME}-0", f"{NAME}-1"}, cache
+    assert all(e["lastRestoredTokens"] > 0 and 0 < e["diskUsedBytes"] for e in cache), cache
+    assert "warm" in get_server(custom, namespace, NAME)["status"]["cacheSummary"]
+
+
+def _replica_cache(custom: client.CustomObjectsApi, ns: str) -> list | None:
+    entries = (get_server(custom, ns, NAME).get("status") or {}).get("replicaCache") or []
+    return entries if len(entries) == 2 and all(e.get("diskPageFiles") for e in entries) else None
 
 
 def test_operator_killed_mid_rollout_resumes_without_restarting_a_pod_twice(
