@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml $(RUNTIME_TEST_REQS)
 	touch $@
 
 cluster: setup
-	@echo "==> building the local Kubernetes API server and fetching kubectl/helm (first time: a few minutes)"
+	@echo "==> building the Kubernetes control plane and etcd, fetching kubectl/helm (first time: about 6 minutes)"
 	$(PY) -m harness.devcluster build
 
 prometheus: setup

@@ -160,7 +160,8 @@ def test_recreated_resource_reuses_retained_volumes_and_warms(
     _restart(custom, namespace, {"restart": "fill"}, "Complete")  # canary on disk, flushed by the preStop hook
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, NAME)
     apps = client.AppsV1Api(kube_api)
-    eventually(lambda: not apps.list_namespaced_stateful_set(namespace).items, timeout=30)
+    # the operator's finalizer goes once its rollout daemon has stopped, then the real GC removes the set
+    eventually(lambda: not apps.list_namespaced_stateful_set(namespace).items, timeout=120)
     eventually(lambda: not client.CoreV1Api(kube_api).list_namespaced_pod(namespace).items
                and not sim.ready_pods(namespace, NAME), timeout=120)
     claims = [c for c in client.CoreV1Api(kube_api).list_namespaced_persistent_volume_claim(namespace).items
