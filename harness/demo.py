@@ -130,6 +130,39 @@ def warm_rolling_restart(api: client.ApiClient, sim: Any, ns: str, name: str, re
     return wait_for(finished, "the rolling restart to finish", timeout=600, interval=0.5)
 
 
+class RoutedConversations:
+    """Conversations sent through the server's router (the real smg, run by the kubelet stand-in)."""
+
+    SYSTEM = ("You are the support assistant of a large online shop; answer briefly and politely. " * 12)[:900]
+
+    def __init__(self, api: client.ApiClient, sim: Any, ns: str, name: str, replicas: int) -> None:
+        self.api, self.sim, self.ns, self.name, self.replicas = api, sim, ns, name, replicas
+        self.texts = [f"{self.SYSTEM}\nuser-{c:03d}: my order {c * 7919} has not arrived, what now?" for c in range(8)]
+
+    def _router_ip(self) -> str | None:
+        pods = client.CoreV1Api(self.api).list_namespaced_pod(self.ns,
+                                                              label_selector="app.kubernetes.io/component=router")
+        for pod in pods.items:
+            ready = any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+            if ready and pod.status.pod_ip and not pod.metadata.deletion_timestamp:
+                return pod.status.pod_ip
+        return None
+
+    def landings(self, when: str) -> list[int]:
+        from qwen_hicache.router import router_workers
+
+        from harness.sim.routerlab import landing_replicas
+
+        ip = wait_for(self._router_ip, "a ready router pod", timeout=120)
+        names = {f"{self.name}-{i}": "ready" for i in range(self.replicas)}
+        wait_for(lambda: router_workers(ip, 8000) == names, "every pod routable by name", timeout=120)
+        engines = [f"http://{self.sim.pod_ip(self.ns, f'{self.name}-{i}')}:30000" for i in range(self.replicas)]
+        model = _server(self.api, self.ns, self.name)["spec"]["model"]["servedName"]
+        landed = landing_replicas(f"http://{ip}:8000", model, self.texts, engines)
+        say(f"{len(landed)} conversations through the router {when}: replica of each = {landed}")
+        return landed
+
+
 def report_restart(obj: dict[str, Any], sim: Any, ns: str) -> None:
     """What proves the restart was warm: per-pod storage hits, preStop flushes, one restart per pod."""
     rs = obj["status"]["restart"]
@@ -150,6 +183,7 @@ def run_demo(example: Path, keep_seconds: float = 0) -> int:
     from harness.devcluster import DevCluster
     from harness.inprocess import operator_thread
     from harness.sim.cluster import SimCluster
+    from harness.sim.routerpod import RouterPods
 
     doc = yaml.safe_load(example.read_text())
     ns, name = doc["metadata"].get("namespace", "default"), doc["metadata"]["name"]
@@ -162,7 +196,7 @@ def run_demo(example: Path, keep_seconds: float = 0) -> int:
         install_crd(api)
         say("registering two simulated 8-GPU nodes (kubelet stand-ins running the engine stand-in with the real "
             "SGLang HiCacheFile disk tier) and the volume provisioner; volumes under " + work)
-        with SimCluster(api, Path(work) / "volumes", ns, log=lambda m: None) as sim:
+        with SimCluster(api, Path(work) / "volumes", ns, log=lambda m: None) as sim, RouterPods(api, sim.root):
             sim.weights_claim(ns)
             say(f"starting the operator ({MANAGER}, Kopf, standalone)")
             with operator_thread():
@@ -179,8 +213,17 @@ def run_demo(example: Path, keep_seconds: float = 0) -> int:
                 print(kubectl_get(cluster.kubeconfig, ns))
                 say("status:")
                 print(yaml.safe_dump(obj["status"], sort_keys=False, width=120))
-                obj = warm_rolling_restart(api, sim, ns, name, doc["spec"].get("replicas", 1))
+                replicas = doc["spec"].get("replicas", 1)
+                routed = RoutedConversations(api, sim, ns, name, replicas) if replicas > 1 else None
+                before = routed.landings("before the rollout") if routed else None
+                obj = warm_rolling_restart(api, sim, ns, name, replicas)
                 report_restart(obj, sim, ns)
+                if routed:
+                    sim.wait_ready(ns, name, replicas, timeout=120)
+                    after = routed.landings("after the rollout")
+                    same = sum(a == b for a, b in zip(before, after, strict=True))
+                    say(f"{same} of {len(before)} conversations landed on the same replica before and after the "
+                        "rolling restart (the router's prefix_hash ring is built from the pods' stable names)")
                 say("kubectl get qhc -o wide:")
                 print(kubectl_get(cluster.kubeconfig, ns))
                 say("status.restart and status.cache:")
