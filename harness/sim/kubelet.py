@@ -249,8 +249,8 @@ class PodProcesses:
             env = {**self._base_env(), **self.engine_env, **self.env(c)}
             argv = [*command, "--host", self.ip, "--port", str(self.port()), *self.engine_extra]
         else:  # a real program: its own mount namespace with the pod's volumes bound at their paths
-            env = {**self._base_env(), **self.env(c, map_paths=False)}
-            argv = self._in_mount_namespace(c, command)
+            argv, extra = self._in_mount_namespace(c, command)
+            env = {**self._base_env(), **self.env(c, map_paths=False), **extra}
         self.procs[name] = self.spawner.popen(argv, env=env, stdout=log, stderr=log, cwd=self.run_dir)
         log.close()
 
@@ -258,14 +258,29 @@ class PodProcesses:
         for c in self.containers:
             self.start_container(c["name"])
 
-    def _in_mount_namespace(self, container: Obj, command: list[str]) -> list[str]:
-        binds = [(str(self.volumes[m["name"]] / m.get("subPath", "")), m["mountPath"])
-                 for m in container.get("volumeMounts") or [] if m["name"] in self.volumes]  # fmt: skip
+    def _in_mount_namespace(self, container: Obj, command: list[str]) -> tuple[list[str], dict[str, str]]:
+        """The command in its own mount namespace with the pod's volumes bound at their paths; and env additions.
+
+        The "image" is this host, so a volume whose mount path holds the image itself (the interpreter or this
+        checkout, e.g. an emptyDir at /tmp over a clone under /tmp) cannot be bound there without hiding it: it
+        is left unbound and, for /tmp, offered through TMPDIR instead (what programs consult for scratch)."""
+        image = [Path(sys.executable).resolve(), Path(sys.prefix).resolve(), REPO]
+        binds, env = [], {}
+        for m in container.get("volumeMounts") or []:
+            if m["name"] not in self.volumes:
+                continue
+            src, dst = str(self.volumes[m["name"]] / m.get("subPath", "")), m["mountPath"]
+            if any(p == Path(dst) or Path(dst) in p.parents for p in image):
+                if dst.rstrip("/") == "/tmp":
+                    env["TMPDIR"] = src
+                continue
+            binds.append((src, dst))
         binds.sort(key=lambda b: -len(b[1]))  # deepest first: a later bind (over /tmp, say) hides no source
         script = "".join(f'mkdir -p "{dst}" 2>/dev/null; mount --bind "{src}" "{dst}" || exit 125; '
                          for src, dst in binds)  # fmt: skip
-        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script + 'exec "$@"', "sh",
+        argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script + 'exec "$@"', "sh",
                 *command]  # fmt: skip
+        return argv, env
 
     def ready(self, timeout: float = 0.5) -> bool:
         proc = self.proc

@@ -68,6 +68,12 @@ def _probe(tree: Path, work: Path, only: str | None = None) -> dict:
 
 
 @pytest.fixture(scope="session")
+def run_probe():
+    """runtime_probe.py on a tree of the test's choosing (a fixture: test modules never import a conftest)."""
+    return _probe
+
+
+@pytest.fixture(scope="session")
 def probes(parent_tree: Path, patched_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One probe run per tree (separate interpreters): {'patched': ..., 'parent': ...}."""
     return {

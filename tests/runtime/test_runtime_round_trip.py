@@ -100,17 +100,15 @@ def test_reverting_a_relied_on_piece_fails_by_component(item: str, tree_copy: Pa
     assert {c for c, ok in same.items() if not ok} >= failing, same
 
 
-def test_qsa_host_pool_moves_whole_pages_only(probes: dict, tree_copy: Path, tmp_path: Path):
+def test_qsa_host_pool_moves_whole_pages_only(probes: dict, run_probe, tree_copy: Path, tmp_path: Path):
     """`page_aligned_only=True` (pool_host/qsa.py:56): a token-granular move of packed compressed groups is refused.
 
     Reverted, the pool would accept token-granular moves of a row that is not laid out per token."""
-    from conftest import _probe
-
     for tree in ("patched", "parent"):
         assert probes[tree]["qsa_page_aligned"] == {"page_aligned_only": True, "backup_tokens": "refused"}
     target = tree_copy / QSA_HOST
     text = target.read_text()
     assert text.count("            page_aligned_only=True,\n") == 1
     target.write_text(text.replace("            page_aligned_only=True,\n", "            page_aligned_only=False,\n"))
-    doctored = _probe(tree_copy, tmp_path / "work", only="qsa_page_aligned")["qsa_page_aligned"]
+    doctored = run_probe(tree_copy, tmp_path / "work", only="qsa_page_aligned")["qsa_page_aligned"]
     assert doctored != {"page_aligned_only": True, "backup_tokens": "refused"}
