@@ -24,3 +24,8 @@ RENDER_VERSION_ANNOTATION = f"{ANNOTATION_PREFIX}/render-version"
 CONFIG_HASH_ANNOTATION = f"{ANNOTATION_PREFIX}/config-hash"
 RESTART_ANNOTATION = f"{ANNOTATION_PREFIX}/restart"
 FINGERPRINT_ANNOTATION = f"{ANNOTATION_PREFIX}/fingerprint"
+
+
+def standard_labels(app: str, instance: str, component: str) -> dict[str, str]:
+    """The app.kubernetes.io labels every owned object carries (server and router objects alike)."""
+    return {NAME_LABEL: app, INSTANCE_LABEL: instance, COMPONENT_LABEL: component, MANAGED_BY_LABEL: MANAGER}

@@ -19,6 +19,7 @@ from .constants import (  # noqa: F401 - re-exported
     MANAGER,
     NAME_LABEL,
     RENDER_VERSION_ANNOTATION,
+    standard_labels,
 )
 from .drift import with_hash
 from .fingerprint import fingerprint_inputs, fingerprint_of
@@ -36,12 +37,7 @@ HTTP_PORT_NAME = "http"
 
 def labels(name: str) -> dict[str, str]:
     """Labels on every owned object; the first two select the pods."""
-    return {
-        NAME_LABEL: "qwen-hicache-server",
-        INSTANCE_LABEL: name,
-        COMPONENT_LABEL: "server",
-        MANAGED_BY_LABEL: MANAGER,
-    }
+    return standard_labels("qwen-hicache-server", name, "server")
 
 
 def selector(name: str) -> dict[str, str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .constants import COMPONENT_LABEL, INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGER, NAME_LABEL
+from .constants import COMPONENT_LABEL, INSTANCE_LABEL, NAME_LABEL, standard_labels
 from .spec import QwenHiCacheServerSpec
 
 Obj = dict[str, Any]
@@ -39,12 +39,7 @@ def manifest_name(name: str) -> str:
 def router_labels(name: str) -> dict[str, str]:
     """Labels on the router objects. Another name label than the serving pods': their selector (name and
     instance) must never match a router pod, or the StatefulSet and the rollout would count it."""
-    return {
-        NAME_LABEL: "qwen-hicache-router",
-        INSTANCE_LABEL: name,
-        COMPONENT_LABEL: "router",
-        MANAGED_BY_LABEL: MANAGER,
-    }
+    return standard_labels("qwen-hicache-router", name, "router")
 
 
 def router_selector(name: str) -> dict[str, str]:
