@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import random
 import sys
 import tempfile
@@ -28,6 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
+
+from qwen_hicache.launch import MAX_SIZE_ENV  # noqa: E402
 
 from harness.sim.routerlab import RouterLab, unshare_available  # noqa: E402
 
@@ -148,7 +151,12 @@ def _with_text(lab: RouterLab, text: str, ordinal: int | None) -> tuple[dict, st
     return out["meta_info"], out["text"]
 
 
-def run_config(root: Path, replicas: int, router: dict | None, n_conv: int, turns: int) -> dict[str, Tally]:
+def run_config(root: Path, replicas: int, router: dict | None, n_conv: int, turns: int,
+               disk_cap: int | None = None) -> dict[str, Tally]:
+    if disk_cap:  # the runtime's own cap: HiCacheFile's LRU evictor reads it (the operator sets it from capPerRank)
+        os.environ[MAX_SIZE_ENV] = str(disk_cap)
+    else:
+        os.environ.pop(MAX_SIZE_ENV, None)
     lab = RouterLab(root, replicas, ENGINE_ARGS, **(router or {}))
     tallies = {p: Tally() for p in PHASES}
     try:
@@ -182,6 +190,8 @@ def main() -> int:
     ap.add_argument("--replicas", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--conversations-per-replica", type=int, default=6)
     ap.add_argument("--turns", type=int, default=7, help="turns per conversation before the rollout")
+    ap.add_argument("--disk-cap-kib", type=int, default=0, help="per-replica disk cap (0: none)")
+    ap.add_argument("--only", nargs="*", default=None, help="configuration labels to run (substring match)")
     ap.add_argument("--smoke", action="store_true", help="tiny run (N=2, few conversations) for the test suite")
     args = ap.parse_args()
     if args.smoke:
@@ -194,8 +204,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="qhc-routing-") as tmp:
         for n in args.replicas:
             for k, (label, router) in enumerate(CONFIGS.items()):
+                if args.only and not any(o in label for o in args.only):
+                    continue
                 results[n, label] = run_config(Path(tmp) / f"n{n}-{k}", n, router, n * args.conversations_per_replica,
-                                               args.turns)
+                                               args.turns, args.disk_cap_kib * 1024)
     print_table(results, args)
     print(f"\n({time.monotonic() - started:.0f} s)")
     return 0
@@ -213,6 +225,8 @@ def print_table(results: dict[tuple[int, str], dict[str, Tally]], args: argparse
         errors = sum(x.errors for x in t.values())
         print(f"{n:>2}  {label:34}{cells}  {last / steady if steady else 0:>10.2f}x  {errors:>6}")
     for n in sorted({n for n, _ in results}):
+        if (n, "plain Service") not in results or (n, "router prefix_hash (chosen)") not in results:
+            continue
         plain = results[n, "plain Service"]
         chosen = results[n, "router prefix_hash (chosen)"]
         for phase in ("steady", "after router restart"):
