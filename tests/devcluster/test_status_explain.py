@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 import subprocess
+import time
 
+from kubernetes import client
+
+from harness.demo import install_crd
 from harness.devcluster.cluster import DevCluster
 from harness.devcluster.tools import ensure_kubectl
 
 
-def test_kubectl_explain_documents_the_status(devcluster: DevCluster) -> None:
-    kubectl = str(ensure_kubectl())
-    env = devcluster.env()
-    subprocess.run([kubectl, "apply", "--server-side", "-f", "crds/qwenhicacheservers.qwenhicache.io.yaml"],
-                   check=True, env=env, capture_output=True, timeout=60)
-    subprocess.run([kubectl, "wait", "--for=condition=Established", "crd/qwenhicacheservers.qwenhicache.io",
-                    "--timeout=60s"], check=True, env=env, capture_output=True, timeout=90)
-    out = ""
+def test_kubectl_explain_documents_the_status(devcluster: DevCluster, kube_api: client.ApiClient) -> None:
+    install_crd(kube_api, timeout=60)  # create or replace: other tests of the session may have installed it
+    kubectl, out = str(ensure_kubectl()), ""
     for _ in range(30):  # the OpenAPI document lags the CRD by a moment
-        got = subprocess.run([kubectl, "explain", "qhc.status.restart"], env=env, capture_output=True, text=True,
-                             timeout=60)
+        got = subprocess.run([kubectl, "explain", "qhc.status.restart"], env=devcluster.env(), capture_output=True,
+                             text=True, timeout=60)
         out = got.stdout
         if got.returncode == 0 and "inFlight" in out:
             break
-        subprocess.run(["sleep", "1"], check=True)
+        time.sleep(1)
     assert "inFlight" in out and "results" in out and "phase" in out, out
