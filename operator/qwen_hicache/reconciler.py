@@ -66,21 +66,14 @@ def _apply_children(kube: Kube, objects: list[Obj], outcome: Outcome) -> Obj | N
     return sts
 
 
-def _merge_diff(old: Any, new: Any) -> Any:
-    """RFC 7386 patch turning `old` into `new`: changed members, nested keys `new` leaves out nulled, lists and
-    scalars replaced whole. Applied to the freshly read status it yields exactly `new`, so a key a later state
-    leaves out (restart.reason after a resume) can never survive; a patch never fails on a missing path."""
-    if not isinstance(old, dict) or not isinstance(new, dict):
-        return new
-    out: Obj = {k: None for k in old if k not in new}
-    out.update({k: _merge_diff(old.get(k), v) for k, v in new.items() if old.get(k) != v})
-    return out
+OWNED_STATUS_KEYS = ("launch", "sizing", "cache", "restart", "adminSecret", "router")
 
 
 def _status_delta(new: Obj, old: Obj) -> Obj:
-    """Merge patch turning `old` into `new`; every status key is the operator's (Kopf keeps its own
-    bookkeeping in annotations), so a top-level key `new` leaves out is removed too."""
-    return _merge_diff(old, new) if old != new else {}
+    """Merge patch turning `old` into `new` for the keys this operator owns (stale keys are nulled)."""
+    delta = {k: v for k, v in new.items() if old.get(k) != v}
+    delta.update({k: None for k in OWNED_STATUS_KEYS if k in old and k not in new})
+    return delta
 
 
 def _ensure_admin_secret(kube: Kube, meta: Obj, old: Obj, outcome: Outcome) -> str:
@@ -231,15 +224,6 @@ def _disk_step(kube: Kube, body: Obj, p: Plan, post_event: EventSink, outcome: O
     return later
 
 
-def _what_runs(kube: Kube, meta: Obj, old: Obj) -> Observed:
-    """A refused spec applies nothing: report the workload that keeps running and keep a rollout's record."""
-    try:
-        sts = kube.get("apps/v1", "StatefulSet", meta["namespace"], meta["name"])
-    except (ApiException, DynamicApiError):
-        sts = None
-    return Observed(sts=sts, restart=old.get("restart"), router=old.get("router"))
-
-
 def _reconcile_locked(kube: Kube, body: Obj, post_event: EventSink, now: str) -> Outcome:
     meta, old = body["metadata"], body.get("status") or {}
     p = plan(meta, body.get("spec") or {}, _smallest_node_memory(kube, body.get("spec") or {}))
@@ -252,9 +236,7 @@ def _reconcile_locked(kube: Kube, body: Obj, post_event: EventSink, now: str) ->
                 obs = _converge(kube, body, p, outcome, now)
         except (ApiException, DynamicApiError) as err:
             outcome.error = f"reconcile failed: {getattr(err, 'reason', '')} {getattr(err, 'body', err)}"
-            obs = Observed(apply_error=outcome.error, restart=old.get("restart"), router=old.get("router"))
-    if p.blocked:
-        obs = _what_runs(kube, meta, old)
+            obs = Observed(apply_error=outcome.error, restart=old.get("restart"))
     new = build_status(p, obs, old, meta.get("generation", 0), now)
     delta = _status_delta(new, old)
     if delta:
