@@ -128,3 +128,15 @@ def test_verify_records_the_runtime_storage_counters() -> None:
     rs = verified(rs, "s-1", 4032, None, POLICY, T[3], metrics)
     assert rs["results"][0]["metricStorageCachedTokens"] == 4032
     assert rs["results"][0]["metricPrefetchedTokens"] == 4032 and "sglang" not in str(rs["results"][0])
+
+
+def test_pods_replaced_by_someone_else_complete_the_rollout() -> None:
+    """A pod deleted externally comes back on the new template: counted done, and the rollout completes."""
+    target = "h/2"
+    pods = [PodView(f"s-{i}", i, f"u{i}", True, f"10.0.0.{i}", target) for i in range(2)]
+    prev = {"id": target, "phase": "Rolling", "pending": ["s-0"], "done": ["s-1"], "inFlight": [], "results": [],
+            "started": "2026-01-01T00:00:00Z"}
+    policy = Policy(1, 60, True)
+    rs, actions = plan_rollout(prev, pods, target, 2, policy, "2026-01-01T00:01:00Z")
+    assert actions == [] and rs["phase"] == "Complete" and rs["done"] == ["s-1", "s-0"]
+    assert rs["finished"] == "2026-01-01T00:01:00Z"

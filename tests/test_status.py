@@ -106,3 +106,26 @@ def test_replica_cache_reports_disk_use_namespace_age_and_restored_tokens() -> N
     assert out["cacheSummary"] == "disk 90% | 1/2 warm | ns 2d"
     assert len(out["cacheSummary"]) < 30  # one printer column
     assert replica_cache((("qwen-0", None),), None, {}, now) == {}
+
+
+def test_refused_change_reports_what_runs_and_keeps_the_rollout() -> None:
+    applied = _status(example(), ready=2)
+    rollout = {"id": "abc/1", "phase": "Rolling", "pending": [], "done": [], "inFlight": [], "results": [],
+               "started": T0}
+    applied["restart"] = rollout
+    refused = variant(**{"spec.runtime.tensorParallelSize": 0})
+    obs = Observed(sts={"spec": {"replicas": 2}, "status": {"readyReplicas": 2}}, restart=rollout)
+    s = build_status(plan(offline_meta(refused), refused["spec"]), obs, applied, 4, T1)
+    for key in ("launch", "sizing", "cache"):
+        assert s[key] == applied[key], key  # the running pods' configuration, not the refused one's
+    assert s["restart"] == rollout and s["replicasSummary"] == "2/2"
+    assert _cond(s, "Ready")["status"] == "True"
+    degraded = _cond(s, "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "InvalidSpec"
+    assert "previously applied configuration keeps running" in degraded["message"]
+
+
+def test_refused_new_resource_describes_nothing() -> None:
+    refused = variant(**{"spec.hicache.hostMemoryPerRank": "100000Ti"})
+    s = build_status(plan(offline_meta(refused), refused["spec"]), Observed(), None, 1, T0)
+    assert not {"launch", "sizing", "cache"} & set(s) and _cond(s, "Ready")["status"] == "False"

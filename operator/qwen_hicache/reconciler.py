@@ -224,6 +224,15 @@ def _disk_step(kube: Kube, body: Obj, p: Plan, post_event: EventSink, outcome: O
     return later
 
 
+def _what_runs(kube: Kube, meta: Obj, old: Obj) -> Observed:
+    """A refused spec applies nothing: report the workload that keeps running and keep a rollout's record."""
+    try:
+        sts = kube.get("apps/v1", "StatefulSet", meta["namespace"], meta["name"])
+    except (ApiException, DynamicApiError):
+        sts = None
+    return Observed(sts=sts, restart=old.get("restart"), router=old.get("router"))
+
+
 def _reconcile_locked(kube: Kube, body: Obj, post_event: EventSink, now: str) -> Outcome:
     meta, old = body["metadata"], body.get("status") or {}
     p = plan(meta, body.get("spec") or {}, _smallest_node_memory(kube, body.get("spec") or {}))
@@ -236,7 +245,9 @@ def _reconcile_locked(kube: Kube, body: Obj, post_event: EventSink, now: str) ->
                 obs = _converge(kube, body, p, outcome, now)
         except (ApiException, DynamicApiError) as err:
             outcome.error = f"reconcile failed: {getattr(err, 'reason', '')} {getattr(err, 'body', err)}"
-            obs = Observed(apply_error=outcome.error, restart=old.get("restart"))
+            obs = Observed(apply_error=outcome.error, restart=old.get("restart"), router=old.get("router"))
+    if p.blocked:
+        obs = _what_runs(kube, meta, old)
     new = build_status(p, obs, old, meta.get("generation", 0), now)
     delta = _status_delta(new, old)
     if delta:

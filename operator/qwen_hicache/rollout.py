@@ -181,6 +181,9 @@ def plan_rollout(prev: Obj | None, pods: list[PodView], target: str, replicas: i
         return rs, []
     by_name = {p.name: p for p in pods}
     _start_next(rs, by_name, policy, replicas, now)
+    if not rs["inFlight"] and not rs["pending"]:  # the rest was replaced by someone else: nothing left to do
+        rs.update(phase="Complete", finished=now)
+        return rs, []
     actions = [a for e in rs["inFlight"] if (a := _advance(rs, e, by_name, policy, now))]
     if rs["phase"] != "Rolling":
         return rs, []

@@ -99,10 +99,31 @@ def _blocked(plan: Plan, obs: Observed) -> tuple[str, str] | None:
     return None
 
 
+def _running(obs: Observed) -> tuple[int, int]:
+    """(ready, desired) of the StatefulSet that runs, whatever the spec now asks."""
+    sts = obs.sts or {}
+    return int((sts.get("status") or {}).get("readyReplicas") or 0), int((sts.get("spec") or {}).get("replicas") or 0)
+
+
+REFUSED_NOTE = "; this change is refused, nothing of it is applied: the previously applied configuration keeps running"
+
+
+def _refused_while_running(reason: str, message: str, obs: Observed) -> list[Condition]:
+    """A refused change of a server that runs: readiness is the running workload's; the refusal is Degraded."""
+    ready, desired = _running(obs)
+    summary = f"{ready}/{desired} replicas ready (previous configuration)"
+    ok = desired > 0 and ready >= desired
+    return [Condition("Ready", "True" if ok else "False", "AllReplicasReady" if ok else "ReplicasNotReady", summary),
+            Condition("Progressing", "False", reason, "nothing new is applied until the spec is fixed"),
+            Condition("Degraded", "True", reason, message + REFUSED_NOTE)]
+
+
 def _workload(plan: Plan, obs: Observed) -> list[Condition]:
     """Ready/Progressing/Degraded from the StatefulSet, the rollout and the pods."""
     if blocked := _blocked(plan, obs):
         reason, message = blocked
+        if plan.blocked and obs.sts:
+            return _refused_while_running(reason, message, obs)
         return [Condition("Ready", "False", reason, message),
                 Condition("Progressing", "False", reason, "nothing is applied until this is fixed"),
                 Condition("Degraded", "True", reason, message)]
@@ -154,6 +175,8 @@ def build_status(plan: Plan, obs: Observed, old: Obj | None, generation: int, no
     old = old or {}
     desired = plan.spec.replicas if plan.spec else 0
     ready = int(((obs.sts or {}).get("status") or {}).get("readyReplicas") or 0)
+    if plan.blocked:
+        ready, desired = _running(obs)
     status: Obj = {
         "observedGeneration": generation,
         "replicas": desired,
@@ -161,12 +184,20 @@ def build_status(plan: Plan, obs: Observed, old: Obj | None, generation: int, no
         "replicasSummary": f"{ready}/{desired}",
         "conditions": merge(conditions_for(plan, obs), old.get("conditions"), generation, now),
     }
-    keep = plan.spec.hicache.disk.keep_old_namespaces if plan.spec else 0
-    extras = {"launch": plan.launch, "sizing": plan.sizing, "cache": cache_history(plan.cache, old.get("cache"), keep),
-              "restart": obs.restart, "adminSecret": obs.admin_secret or old.get("adminSecret"), "router": obs.router}
-    status.update({k: v for k, v in extras.items() if v})
-    status.update(replica_cache(obs.disk_usage, obs.restart, old, now))
+    status.update({k: v for k, v in _described(plan, obs, old, now).items() if v})
     return without_nulls(status)
+
+
+def _described(plan: Plan, obs: Observed, old: Obj, now: str) -> Obj:
+    """launch/sizing/cache of what runs: the plan's once applied; the last applied ones while a change is refused
+    (nothing of a refused spec reaches the cluster, so its sizing would describe pods that do not exist)."""
+    common = {"restart": obs.restart, "adminSecret": obs.admin_secret or old.get("adminSecret"), "router": obs.router}
+    if plan.blocked:
+        kept = ("launch", "sizing", "cache", "replicaCache", "cacheSummary")
+        return {**{k: old.get(k) for k in kept}, **common}
+    keep = plan.spec.hicache.disk.keep_old_namespaces if plan.spec else 0
+    return {"launch": plan.launch, "sizing": plan.sizing, "cache": cache_history(plan.cache, old.get("cache"), keep),
+            **common, **replica_cache(obs.disk_usage, obs.restart, old, now)}
 
 
 # -- Per-replica cache: disk tier use vs cap, namespace age, last restart's restored tokens -----------------

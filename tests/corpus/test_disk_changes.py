@@ -115,13 +115,16 @@ def test_shrinking_the_disk_is_refused_and_changes_nothing(
     custom: client.CustomObjectsApi, namespace: str,
 ) -> None:
     _create(custom, _server(namespace, **{"spec.hicache.disk.size": "3Gi"}))
-    eventually(lambda: _observed(custom, namespace))
+    applied = eventually(lambda: _observed(custom, namespace))["status"]
     sts = eventually(lambda: _sts(kube_api, namespace))
     generation = _patch(custom, namespace, {"hicache": {"disk": {"size": "2Gi"}}})
     obj = eventually(lambda: _observed(custom, namespace, generation))
     spec_valid = condition(obj, "SpecValid")
     assert (spec_valid["status"], spec_valid["reason"]) == ("False", "DiskShrinkRefused")
     assert "at least 3Gi" in spec_valid["message"]
+    for key in ("launch", "sizing", "cache"):  # status describes the 3Gi server that runs, not the refused 2Gi
+        assert obj["status"].get(key) == applied.get(key), key
+    assert "keeps running" in condition(obj, "Degraded")["message"]
     events = eventually(lambda: [e for e in client.CoreV1Api(kube_api).list_namespaced_event(namespace).items
                                  if e.reason == "DiskShrinkRefused" and e.type == "Warning"])
     assert events
