@@ -10,11 +10,9 @@ the run directory once the owning process is gone or `max_lifetime_s` has passed
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -24,18 +22,16 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
 import yaml
 
+from harness.deathsig import die_with_parent
+
 from .build import Binaries, DevClusterError, Log, ensure_built, tail
 
-_PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_PRCTL = _LIBC.prctl  # resolved before any fork, so the child only makes a plain C call
 SERVICE_CIDR = "10.96.0.0/12"
 SERVICE_IP = "10.96.0.1"  # the `kubernetes` Service's ClusterIP, first of SERVICE_CIDR
 ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -145,20 +141,6 @@ def _openssl(*args: str, cwd: Path) -> None:
     res = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
     if res.returncode != 0:
         raise DevClusterError(f"openssl {' '.join(args[:2])} failed: {res.stderr.strip()}")
-
-
-def _die_with_parent_preexec() -> Callable[[], None] | None:
-    """A preexec_fn setting PR_SET_PDEATHSIG=SIGKILL, or None off the main thread (see module doc)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
 
 
 class DevCluster:
@@ -411,14 +393,14 @@ class DevCluster:
     def _spawn(self, name: str, cmd: list[str]) -> None:
         out = open(self._dir / f"{name}.log", "ab")  # noqa: SIM115 - closed in _stop_proc
         self._logs[name] = out
+        main = threading.current_thread() is threading.main_thread()  # the signal follows the forking thread
         self._procs[name] = subprocess.Popen(
-            cmd,
+            die_with_parent(cmd) if main else cmd,
             cwd=self._dir,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent_preexec(),
         )
 
     def _start_watchdog(self) -> None:

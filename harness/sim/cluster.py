@@ -207,9 +207,33 @@ class SimCluster:
                       if p.namespace == namespace and p.ready and p.name.rsplit("-", 1)[0] == sts)  # fmt: skip
 
     def wait_ready(self, namespace: str, sts: str, replicas: int, timeout: float = 60) -> list[str]:
-        """Wait until exactly ``replicas`` pods of ``sts`` are Ready; their names."""
-        return self.wait_for(lambda: len(self.ready_pods(namespace, sts)) == replicas and
-                             self.ready_pods(namespace, sts), timeout, f"{replicas} ready pods of {sts}")  # fmt: skip
+        """Wait until exactly ``replicas`` pods of ``sts`` are Ready; their names. On a timeout the error says
+        where each pod stands, in the API and in this harness, so a failure in CI can be read from its log."""
+        try:
+            want = f"{replicas} ready pods of {sts}"
+            return self.wait_for(lambda: len(n := self.ready_pods(namespace, sts)) == replicas and n, timeout, want)
+        except TimeoutError as err:
+            raise TimeoutError(f"{err}\n{self.diagnose(namespace, sts)}") from None
+
+    def diagnose(self, namespace: str, sts: str) -> str:
+        """Each pod of ``sts``: its API phase, node and conditions; the harness's state, notes and log tail."""
+        lines = [f"harness nodes: {self.node_names} (lost: {sorted(self._lost)})"]
+        with contextlib.suppress(Exception):
+            for p in self.core.list_namespaced_pod(namespace).items:
+                if p.metadata.name.rsplit("-", 1)[0] != sts:
+                    continue
+                conds = [(c.type, c.status, c.reason) for c in p.status.conditions or []]
+                gone = bool(p.metadata.deletion_timestamp)
+                lines.append(f"api {p.metadata.name} uid={p.metadata.uid} node={p.spec.node_name} "
+                             f"phase={p.status.phase} deleting={gone} {conds}")  # fmt: skip
+        for (ns, name), live in list(self.pods.items()):
+            if ns != namespace or name.rsplit("-", 1)[0] != sts:
+                continue
+            log = live.procs.run_dir / f"{live.procs.container['name']}.log"
+            tail = log.read_text(errors="replace")[-1500:] if log.exists() else "(no log)"
+            lines.append(f"harness {name} uid={live.uid} state={live.state} ready={live.ready} "
+                         f"notes={live.record.events[-8:]}\nlog tail:\n{tail}")  # fmt: skip
+        return "\n".join(lines)
 
     # -- the loop -------------------------------------------------------------------------------
     def _loop(self) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import contextlib
-import ctypes
 import os
 import queue
 import re
@@ -30,14 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.deathsig import die_with_parent
+
 from .images import RUNTIME_CONTAINER, command_for
 
 Obj = dict[str, Any]
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 REPO = Path(__file__).resolve().parents[2]  # the stand-ins' "image": this checkout (harness/ importable)
 POD_HOST_ENV = "QWEN_HICACHE_POD_HOST"
-_PR_SET_PDEATHSIG = 1
-_PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
@@ -65,17 +64,10 @@ class Spawner:
         self._thread.start()
 
     def _serve(self) -> None:
-        parent = os.getpid()
-
-        def preexec() -> None:
-            _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-            if os.getppid() != parent:
-                os._exit(1)
-
         while (item := self._requests.get()) is not None:
             argv, kwargs, future = item
             try:
-                future.set_result(subprocess.Popen(argv, preexec_fn=preexec, start_new_session=True, **kwargs))
+                future.set_result(subprocess.Popen(die_with_parent(argv), start_new_session=True, **kwargs))
             except Exception as exc:
                 future.set_exception(exc)
 
