@@ -32,3 +32,20 @@ def test_other_node_list_errors_still_surface(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(kube_mod.Kube, "_resource", lambda self, v, kind: _Nodes(500))
     with pytest.raises(Exception):  # noqa: B017 - a server error is retried by the reconcile's error path
         k.list_nodes({})
+
+
+def test_discovery_never_reads_or_writes_the_shared_tmp_file(
+    kube_api: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The library's default cache is one file per API server in $TMPDIR, written in place; another process
+    reading it half-written logged `load cache error` (the corpus test's zero-error rule caught it in CI)."""
+    import hashlib
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    shared = tmp_path / f"osrcp-{hashlib.md5(kube_api.configuration.host.encode()).hexdigest()}.json"
+    shared.write_text("")  # what a reader sees while another process writes it
+    k = kube_mod.Kube(kube_api)
+    assert k.get("v1", "Namespace", None, "default") is not None
+    assert not [r for r in caplog.records if "cache" in r.getMessage()]
+    assert [p.name for p in tmp_path.iterdir()] == [shared.name] and shared.read_text() == ""

@@ -12,6 +12,7 @@ from typing import Any
 
 from kubernetes import client, config
 from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.discovery import LazyDiscoverer
 from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError
 
 from .render import MANAGER
@@ -32,12 +33,25 @@ def load_api_client() -> client.ApiClient:
         return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))
 
 
+class MemoryDiscoverer(LazyDiscoverer):
+    """API discovery kept in memory only. The library's default shares one JSON file per API server in /tmp,
+    written in place: a second process starting meanwhile reads it half-written and logs an error."""
+
+    NO_FILE = os.path.join(os.sep, "nonexistent", "qwen-hicache-discovery.json")
+
+    def __init__(self, dynamic_client: Any, cache_file: str | None = None):
+        super().__init__(dynamic_client, self.NO_FILE)
+
+    def _write_cache(self) -> None:
+        """Never written: every process discovers for itself (lazily, one group at a time)."""
+
+
 class Kube:
     """The operator's only door to the API server."""
 
     def __init__(self, api_client: client.ApiClient):
         self.api_client = api_client
-        self.dyn = DynamicClient(api_client)
+        self.dyn = DynamicClient(api_client, discoverer=MemoryDiscoverer)
         self._nodes: dict[str, tuple[float, list[Obj]]] = {}
 
     @cache  # noqa: B019 - one Kube per process; discovery results never change for it
