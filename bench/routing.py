@@ -76,9 +76,10 @@ class Conversation:
     cid: int
     history: str = ""
     turn: int = 0
+    user_chars: int = USER_CHARS
 
     def next_prompt(self) -> str:
-        user = f"\nuser-{self.cid:04d} turn {self.turn}: " + _words(f"{self.cid}/{self.turn}", USER_CHARS)
+        user = f"\nuser-{self.cid:04d} turn {self.turn}: " + _words(f"{self.cid}/{self.turn}", self.user_chars)
         self.history += user
         self.turn += 1
         return self.system + self.history + "\nassistant:"
@@ -101,10 +102,10 @@ def _words(seed: str, chars: int) -> str:
     return " ".join(out)[:chars]
 
 
-def workload(n_conv: int) -> Workload:
-    systems = [f"[system {s}] " + ("Be concise, cite the order number, never invent facts. " * 30)[: SYSTEM_CHARS - 12]
-               for s in range(SYSTEM_PROMPTS)]
-    return Workload([Conversation(systems[c % SYSTEM_PROMPTS], c) for c in range(n_conv)])
+def workload(n_conv: int, system_chars: int = SYSTEM_CHARS, user_chars: int = USER_CHARS) -> Workload:
+    text = "Be concise, cite the order number, never invent facts. " * (system_chars // 50 + 1)
+    systems = [(f"[system {s}] " + text)[:system_chars] for s in range(SYSTEM_PROMPTS)]
+    return Workload([Conversation(systems[c % SYSTEM_PROMPTS], c, user_chars=user_chars) for c in range(n_conv)])
 
 
 class Client:
@@ -152,7 +153,7 @@ def _with_text(lab: RouterLab, text: str, ordinal: int | None) -> tuple[dict, st
 
 
 def run_config(root: Path, replicas: int, router: dict | None, n_conv: int, turns: int,
-               disk_cap: int | None = None) -> dict[str, Tally]:
+               disk_cap: int | None = None, chars: tuple[int, int] = (SYSTEM_CHARS, USER_CHARS)) -> dict[str, Tally]:
     if disk_cap:  # the runtime's own cap: HiCacheFile's LRU evictor reads it (the operator sets it from capPerRank)
         os.environ[MAX_SIZE_ENV] = str(disk_cap)
     else:
@@ -162,7 +163,7 @@ def run_config(root: Path, replicas: int, router: dict | None, n_conv: int, turn
     try:
         lab.start(router=router is not None)
         client = Client(lab, router is not None, random.Random(11))
-        wl = workload(n_conv)
+        wl = workload(n_conv, *chars)
         client.round(wl, Tally())  # warm-up: first turns
         for _ in range(max(turns - 4, 1)):
             client.round(wl, tallies["steady"])
@@ -191,6 +192,8 @@ def main() -> int:
     ap.add_argument("--conversations-per-replica", type=int, default=6)
     ap.add_argument("--turns", type=int, default=7, help="turns per conversation before the rollout")
     ap.add_argument("--disk-cap-kib", type=int, default=0, help="per-replica disk cap (0: none)")
+    ap.add_argument("--system-chars", type=int, default=SYSTEM_CHARS, help="length of each shared system prompt")
+    ap.add_argument("--user-chars", type=int, default=USER_CHARS, help="length of each user turn")
     ap.add_argument("--only", nargs="*", default=None, help="configuration labels to run (substring match)")
     ap.add_argument("--smoke", action="store_true", help="tiny run (N=2, few conversations) for the test suite")
     args = ap.parse_args()
@@ -207,15 +210,18 @@ def main() -> int:
                 if args.only and not any(o in label for o in args.only):
                     continue
                 results[n, label] = run_config(Path(tmp) / f"n{n}-{k}", n, router, n * args.conversations_per_replica,
-                                               args.turns, args.disk_cap_kib * 1024)
+                                               args.turns, args.disk_cap_kib * 1024,
+                                               (args.system_chars, args.user_chars))
     print_table(results, args)
     print(f"\n({time.monotonic() - started:.0f} s)")
     return 0
 
 
 def print_table(results: dict[tuple[int, str], dict[str, Tally]], args: argparse.Namespace) -> None:
-    print(f"routing: {SYSTEM_PROMPTS} system prompts x {args.conversations_per_replica} conversations per replica, "
-          f"{args.turns} turns before the rollout; cached ratio (disk share)")
+    print(f"routing: {SYSTEM_PROMPTS} system prompts of {args.system_chars} characters x "
+          f"{args.conversations_per_replica} conversations per replica, {args.user_chars}-character user turns, "
+          f"{args.turns} turns before the rollout, disk cap {args.disk_cap_kib or 'none'} KiB; "
+          "cached ratio (disk share)")
     head = f"{'N':>2}  {'configuration':34}" + "".join(f"  {p:>22}" for p in PHASES) + "  last/steady  errors"
     print(head)
     print("-" * len(head))
