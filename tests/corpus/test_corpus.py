@@ -15,7 +15,7 @@ from cases import CASES, Case
 from kubehelpers import condition, eventually, get_server
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from qwen_hicache.constants import INSTANCE_LABEL
+from qwen_hicache.constants import INSTANCE_LABEL, KIND
 from qwen_hicache.spec import GROUP, PLURAL, VERSION
 
 pytestmark = pytest.mark.integration
@@ -63,8 +63,10 @@ def _observed(custom: client.CustomObjectsApi, ns: str, name: str) -> dict | Non
 
 
 def _warnings(core: client.CoreV1Api, ns: str, name: str) -> set[str]:
+    """Warnings about the resource itself: the control plane also warns about its children, which share its
+    name (the API server's ClusterIP repair loop posted ClusterIPNotAllocated on a Service in a CI run)."""
     return {e.reason for e in core.list_namespaced_event(ns).items
-            if e.involved_object.name == name and e.type == "Warning"}
+            if e.involved_object.name == name and e.involved_object.kind == KIND and e.type == "Warning"}
 
 
 def _children(kube_api: client.ApiClient, ns: str, name: str) -> list[str]:
