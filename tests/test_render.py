@@ -73,7 +73,7 @@ def test_statefulset_requests_gpus_memory_and_the_disk_tier() -> None:
     fp = env["QWEN_HICACHE_FINGERPRINT"]
     assert env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] == f"{mounts['hicache']['mountPath']}/{fp}"
     assert env["QWEN_HICACHE_ADMIN_API_KEY"] == {"secretKeyRef": {"name": "flash-next-admin", "key": "api-key"}}
-    assert container["args"][container["args"].index("--admin-api-key") + 1] == "$(QWEN_HICACHE_ADMIN_API_KEY)"
+    assert "--admin-api-key=$(QWEN_HICACHE_ADMIN_API_KEY)" in container["args"]  # one argument: see launch.ADMIN
     guard = pod["initContainers"][0]
     assert guard["volumeMounts"] == [{"name": "hicache", "mountPath": mounts["hicache"]["mountPath"]}]
     assert container["lifecycle"]["preStop"]["exec"]["command"][:2] == ["python3", "-c"]
@@ -105,3 +105,18 @@ def test_disk_tier_off_renders_no_claim_and_no_storage_flags() -> None:
     assert "volumeClaimTemplates" not in sts["spec"]
     args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--hicache-storage-backend" not in args
+
+
+def _pdb(doc: dict) -> dict:
+    return next(o for o in _render(doc) if o["kind"] == "PodDisruptionBudget")
+
+
+@pytest.mark.parametrize(("replicas", "max_unavailable", "allowed"), [(1, 1, 1), (2, 1, 1), (3, 5, 2), (5, 2, 2)])
+def test_disruption_budget_matches_the_rollout_budget(replicas: int, max_unavailable: int, allowed: int) -> None:
+    from qwen_hicache.rollout import allowed_down
+
+    doc = variant(**{"spec.replicas": replicas, "spec.rollout": {"maxUnavailable": max_unavailable}})
+    pdb = _pdb(doc)
+    assert pdb["spec"]["maxUnavailable"] == allowed == allowed_down(max_unavailable, replicas)
+    assert pdb["spec"]["selector"]["matchLabels"] == _sts(_render(doc))["spec"]["selector"]["matchLabels"]
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"  # a broken pod never blocks its fix

@@ -204,3 +204,19 @@ def test_context_longer_than_the_model_is_refused_unless_overridden() -> None:
     assert [p.reason for p in policies.geometry_problems(parse_spec(doc["spec"]))] == ["ContextLengthTooLong"]
     doc["spec"]["runtime"]["env"] = [{"name": policies.ALLOW_LONGER_CONTEXT_ENV, "value": "1"}]
     assert policies.geometry_problems(parse_spec(doc["spec"])) == []
+
+
+def test_an_admin_key_that_starts_with_a_dash_reaches_the_runtime_as_the_key(parser: argparse.ArgumentParser) -> None:
+    """The rendered args, `$(VAR)` expanded as the kubelet does, parsed by the runtime's own parser: a key from
+    an older Secret (`token_urlsafe` starts with `-` about once in 64) is still the key, not a flag."""
+    from qwen_hicache.launch import ADMIN_KEY_ENV, launch_args
+    from test_policies import SIZING
+
+    from harness.sim.kubelet import expand
+
+    key = "-Zx3_rF0q"
+    args = [expand(a, {ADMIN_KEY_ENV: key}) for a in launch_args(parse_spec(variant()["spec"]), SIZING)]
+    parser.error = lambda message: (_ for _ in ()).throw(ValueError(message))  # type: ignore[method-assign]
+    assert parser.parse_args(args).admin_api_key == key
+    with pytest.raises(ValueError):  # the two-argument form it replaces: the key read as an unknown flag
+        parser.parse_args([*(a for a in args if not a.startswith("--admin-api-key")), "--admin-api-key", key])

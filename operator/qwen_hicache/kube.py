@@ -11,6 +11,7 @@ from functools import cache
 from typing import Any
 
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.discovery import LazyDiscoverer
 from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError
@@ -105,17 +106,21 @@ class Kube:
         self._nodes[sel] = (time.monotonic(), nodes)
         return nodes
 
-    def delete_pod(self, namespace: str, name: str, uid: str) -> bool:
-        """Delete exactly this incarnation of a pod; False when it is already gone or replaced."""
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}} if uid else None
+    def evict_pod(self, namespace: str, name: str, uid: str) -> bool | None:
+        """Evict exactly this incarnation of a pod through the eviction API, so the PodDisruptionBudget
+        applies to the operator's own restarts too. True: evicted; False: already gone or replaced;
+        None: the budget allows no disruption now (429), try again later."""
+        preconditions = client.V1Preconditions(uid=uid) if uid else None
+        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+                                 delete_options=client.V1DeleteOptions(preconditions=preconditions))
         try:
-            self._resource("v1", "Pod").delete(name=name, namespace=namespace, body=body)
+            client.CoreV1Api(self.api_client).create_namespaced_pod_eviction(name, namespace, body)
             return True
-        except NotFoundError:
-            return False
-        except DynamicApiError as err:
-            if err.status == 409:  # uid precondition failed: a successor already runs under this name
+        except ApiException as err:
+            if err.status in (404, 409):  # gone, or the uid precondition failed: a successor runs under this name
                 return False
+            if err.status == 429:
+                return None
             raise
 
     def delete_orphaning(self, api_version: str, kind: str, namespace: str, name: str, uid: str) -> bool:

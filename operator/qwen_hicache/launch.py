@@ -123,8 +123,9 @@ MEMORY_FLAGS = frozenset({
 slots per request, draft/index dtypes): the operator sizes for their defaults, so extraArgs may not set them."""
 
 OBSERVABILITY = ["--enable-metrics", "--enable-cache-report"]
-ADMIN = ["--admin-api-key", f"$({ADMIN_KEY_ENV})"]
-"""The key comes from a Secret through the environment (Kubernetes expands `$(VAR)` in args)."""
+ADMIN = [f"--admin-api-key=$({ADMIN_KEY_ENV})"]
+"""The key comes from a Secret through the environment (Kubernetes expands `$(VAR)` in args). One argument, so
+a key that starts with `-` (older Secrets held `token_urlsafe` keys) is never taken for a flag."""
 
 
 def launch_args(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> list[str]:

@@ -80,7 +80,7 @@ def _ensure_admin_secret(kube: Kube, meta: Obj, old: Obj, outcome: Outcome) -> s
     """Create the admin API key Secret once (tracked in status, so a no-op reconcile does not even try)."""
     name = render.admin_secret_name(meta["name"])
     created = old.get("adminSecret") != name and kube.create_if_absent(
-        render.get_admin_secret(meta, secrets.token_urlsafe(32)))
+        render.get_admin_secret(meta, secrets.token_hex(32)))
     if created:
         outcome.applied.append(f"Secret/{name}")
     return name
@@ -126,15 +126,28 @@ def _run_rollout(kube: Kube, body: Obj, p: Plan, pods: list[Obj], now: str) -> O
             res = engine.generate(act.ip, port, prompt) if act.ip else engine.CanaryResult(None, None, "no pod IP")
             rs = rollout.canary_sent(rs, act.pod, res.prompt_tokens, res.error)
         elif act.kind == "delete":
-            if not router.ready_to_delete(kube, meta, p.spec, rs, act.pod):
-                continue  # seam "before delete": the router still routes to it; delete on a later pass
-            kube.delete_pod(meta["namespace"], act.pod, act.uid)
-            rs = rollout.deleted(rs, act.pod, now)
+            if _evict(kube, meta, p, rs, act):
+                rs = rollout.deleted(rs, act.pod, now)
+        elif act.kind == "baseline":
+            rs = rollout.baseline_read(rs, act.pod, act.uid, engine.cache_metrics(act.ip, port))
         elif act.kind == "verify":
             res = engine.generate(act.ip, port, prompt)
             metrics = engine.cache_metrics(act.ip, port) if res.storage_tokens is not None else {}
             rs = rollout.verified(rs, act.pod, res.storage_tokens, res.error, _policy(p), now, metrics)
     return rs
+
+
+def _evict(kube: Kube, meta: Obj, p: Plan, rs: Obj, act: rollout.Action) -> bool:
+    """Take one old pod down, if that still keeps the promise: availability is checked again on pods listed
+    right now (another pod may have gone since the plan), and the eviction API applies the server's
+    PodDisruptionBudget too. False: not now, a later pass tries again."""
+    if not router.ready_to_delete(kube, meta, p.spec, rs, act.pod):
+        return False  # seam "before delete": the router still routes to it
+    pods = kube.list("v1", "Pod", meta["namespace"], render.selector(meta["name"]))
+    views = [rollout.PodView.from_pod(pod) for pod in pods]
+    if not rollout.may_take_down(views, act.pod, act.uid, p.spec.replicas, _policy(p)):
+        return False
+    return kube.evict_pod(meta["namespace"], act.pod, act.uid) is not None
 
 
 def reconcile(kube: Kube, body: Obj, post_event: EventSink, now: str | None = None) -> Outcome:

@@ -23,13 +23,13 @@ from .constants import (  # noqa: F401 - re-exported
 )
 from .drift import with_hash
 from .fingerprint import fingerprint_inputs, fingerprint_of
-from .rollout import CONFIG_HASH_ANNOTATION, FINGERPRINT_ANNOTATION, RESTART_ANNOTATION, config_hash
+from .rollout import CONFIG_HASH_ANNOTATION, FINGERPRINT_ANNOTATION, RESTART_ANNOTATION, allowed_down, config_hash
 from .sizing import parse_quantity
 from .spec import API_VERSION, KIND, QwenHiCacheServerSpec
 
 Obj = dict[str, Any]
 
-RENDER_VERSION = "3"
+RENDER_VERSION = "4"
 
 CACHE_VOLUME = "hicache"
 HTTP_PORT_NAME = "http"
@@ -288,6 +288,24 @@ def get_statefulset(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.Launc
             "spec": sts_spec}
 
 
+def get_pdb(meta: Obj, spec: QwenHiCacheServerSpec) -> Obj:
+    """The rollout's promise for everyone else too: a node drain (the eviction API) takes down no more pods at
+    once than a rolling restart would (`rollout.allowed_down`: maxUnavailable, never the last of several
+    replicas; a single replica may go, or nothing could ever drain its node). The operator's own restarts are
+    evictions as well. A pod that is not ready may always be evicted: it serves nothing, and a budget that
+    protected it would block the restart that fixes it."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(meta, meta["name"]),
+        "spec": {
+            "maxUnavailable": allowed_down(spec.rollout.max_unavailable, spec.replicas),
+            "selector": {"matchLabels": selector(meta["name"])},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
 def render_all(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing,
                layout: CacheLayout) -> list[Obj]:
     """Every object the operator applies for one resource, in apply order, each stamped with its hash."""
@@ -295,6 +313,7 @@ def render_all(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizi
         get_headless_service(meta, spec),
         get_client_service(meta, spec),
         get_statefulset(meta, spec, sizing, layout),
+        get_pdb(meta, spec),
     ]
     if spec.router.active(spec.replicas):  # the router's worker manifest is applied by router.py (rollout-aware)
         owner = owner_reference(meta)

@@ -82,5 +82,4 @@ def runtime_args(spec: QwenHiCacheServerSpec, arch: str) -> list[str]:
     the admin key (a `$(VAR)` expanded by the kubelet) left out."""
     args = launch_args(spec, compute_sizing(spec).launch_sizing())
     args[args.index("--model-path") + 1] = str(HF / ARCHS[arch])
-    i = args.index("--admin-api-key")
-    return args[:i] + args[i + 2:]
+    return [a for a in args if not a.startswith("--admin-api-key=")]

@@ -73,7 +73,9 @@ def _children(kube_api: client.ApiClient, ns: str, name: str) -> list[str]:
     sel = f"{INSTANCE_LABEL}={name}"
     apps, core = client.AppsV1Api(kube_api), client.CoreV1Api(kube_api)
     return ([f"StatefulSet/{s.metadata.name}" for s in apps.list_namespaced_stateful_set(ns, label_selector=sel).items]
-            + [f"Service/{s.metadata.name}" for s in core.list_namespaced_service(ns, label_selector=sel).items])
+            + [f"Service/{s.metadata.name}" for s in core.list_namespaced_service(ns, label_selector=sel).items]
+            + [f"PodDisruptionBudget/{b.metadata.name}" for b in
+               client.PolicyV1Api(kube_api).list_namespaced_pod_disruption_budget(ns, label_selector=sel).items])
 
 
 def _check_refused(case: Case, obj: dict, kube_api: client.ApiClient, ns: str) -> list[str]:
@@ -100,7 +102,8 @@ def _check_accepted(case: Case, obj: dict, kube_api: client.ApiClient, ns: str) 
     out += [f"{t} reason {c['reason']}: {c.get('message')}" for t in ("Ready", "Degraded")
             if (c := condition(obj, t) or {}).get("reason") in ("ApplyFailed", "PlanFailed")]
     children = set(_children(kube_api, ns, name))
-    if children != {f"StatefulSet/{name}", f"Service/{name}", f"Service/{name}-headless"}:
+    if children != {f"StatefulSet/{name}", f"Service/{name}", f"Service/{name}-headless",
+                    f"PodDisruptionBudget/{name}"}:
         out.append(f"children: {sorted(children)}")
     try:
         eventually(lambda: set(case.warnings) <= _warnings(core, ns, name), timeout=20)

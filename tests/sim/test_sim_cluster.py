@@ -36,7 +36,7 @@ def statefulset(replicas: int) -> dict:
         "args": ["--model-path", "/models/m", "--served-model-name", "qwen-sim", "--host", "0.0.0.0",
                  "--port", "30000", "--tp-size", "2", "--page-size", "64", "--enable-hierarchical-cache",
                  "--hicache-storage-backend", "file", "--enable-metrics", "--enable-cache-report",
-                 "--admin-api-key", "$(QWEN_HICACHE_ADMIN_API_KEY)"],
+                 "--admin-api-key=$(QWEN_HICACHE_ADMIN_API_KEY)"],
         "env": [{"name": "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", "value": f"/var/cache/hicache/{FP}"},
                 {"name": "QWEN_HICACHE_ADMIN_API_KEY",
                  "valueFrom": {"secretKeyRef": {"name": "demo-admin", "key": "key"}}}],

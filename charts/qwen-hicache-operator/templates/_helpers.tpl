@@ -76,11 +76,20 @@ Shared by the ClusterRole (cluster-wide mode) and every Role (namespace-scoped m
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-# The serving pods: listed by label for readiness and restart progress; deleted one at a time (with a
-# uid precondition) for an ordered, cache-aware restart. Never created: the StatefulSet does that.
+# The serving pods: listed by label for readiness and restart progress. Never created (the StatefulSet
+# does that) nor deleted directly: an ordered, cache-aware restart evicts one pod at a time (with a uid
+# precondition) through the eviction API, so the server's PodDisruptionBudget applies to it too.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "delete"]
+  verbs: ["list"]
+- apiGroups: [""]
+  resources: ["pods/eviction"]
+  verbs: ["create"]
+# One PodDisruptionBudget per server (rollout.maxUnavailable, so a node drain keeps the rollout's promise):
+# read to compare, server-side apply (create + patch, as above). Goes with the resource (owner reference).
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "create", "patch"]
 # The per-pod cache volumes: listed by label, annotated with the cache fingerprint and expanded when
 # hicache.disk.size grows (merge patches).
 # Never deleted: they outlive the resource and the operator.
