@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from . import spec as api
+from .status_model import QwenHiCacheServerStatus
 
 Schema = dict[str, Any]
 
@@ -83,11 +84,8 @@ def openapi_schema(model: type[api.ApiModel]) -> Schema:
     return _resolve(raw, raw.get("$defs", {}))
 
 
-STATUS_SCHEMA: Schema = {
-    "type": "object",
-    "description": "Observed state, written by the operator once per reconcile.",
-    "x-kubernetes-preserve-unknown-fields": True,
-}
+STATUS_SCHEMA: Schema = openapi_schema(QwenHiCacheServerStatus)
+"""Structural, generated from status_model: `kubectl explain qhc.status` documents it, unknown keys are pruned."""
 
 
 def build_crd() -> Schema:

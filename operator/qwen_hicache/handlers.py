@@ -10,7 +10,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from . import metrics, reconciler, rollout
+from . import driver, metrics, reconciler, rollout
 from .kube import Kube, load_api_client
 from .plan import parse_spec
 from .render import MANAGER
@@ -18,7 +18,17 @@ from .spec import GROUP, PLURAL, VERSION
 
 RESYNC_SECONDS = float(os.environ.get("QWEN_HICACHE_RESYNC_SECONDS", "60"))
 ROLLOUT_POLL_SECONDS = float(os.environ.get("QWEN_HICACHE_ROLLOUT_POLL_SECONDS", "2"))
+ROLLOUT_WORKERS = int(os.environ.get("QWEN_HICACHE_ROLLOUT_WORKERS", "8"))
 _kube: Kube | None = None
+_steps: driver.StepPool | None = None
+
+
+def steps() -> driver.StepPool:
+    """Threads for rollout steps and child events, apart from Kopf's handler executor (never starved by them)."""
+    global _steps
+    if _steps is None:
+        _steps = driver.StepPool(ROLLOUT_WORKERS)
+    return _steps
 
 
 def kube() -> Kube:
@@ -83,11 +93,13 @@ def resync(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
 
 
 @kopf.on.event("apps", "v1", "statefulsets", labels={"app.kubernetes.io/managed-by": MANAGER})
-def child_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
-    """A StatefulSet we own changed (readiness, deletion): refresh its owner's status."""
+async def child_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+    """A StatefulSet we own changed (readiness, deletion): refresh its owner's status. Kopf never retries event
+    handlers, so a failure is retried here within seconds, then left to the resync timer (never raised)."""
     owner = body.get("metadata", {}).get("labels", {}).get("app.kubernetes.io/instance")
     if owner:  # reconcile() reads the owner itself; a missing owner (deleted) is a no-op there
-        _run({"metadata": {"namespace": body["metadata"]["namespace"], "name": owner}}, logger)
+        ref = {"metadata": {"namespace": body["metadata"]["namespace"], "name": owner}}
+        await driver.retrying(lambda: steps().run(_run, ref, logger), logger, f"reconcile of {owner}")
 
 
 def rollout_wanted(spec: Any, status: Any, **_: Any) -> bool:
@@ -100,15 +112,13 @@ def rollout_wanted(spec: Any, status: Any, **_: Any) -> bool:
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, when=rollout_wanted, cancellation_timeout=10, initial_delay=1)
-def drive_rollout(stopped: kopf.DaemonStopped, name: str, namespace: str, logger: logging.Logger,
-                  **_: Any) -> None:
-    """Poll quickly while a rollout runs (pods restart on their own schedule); stops when it completes."""
-    while not stopped:
-        server = kube().get_server(namespace, name)
-        if server is None or not rollout_wanted(server.get("spec") or {}, server.get("status")):
-            return
-        try:
-            _run(server, logger)
-        except kopf.TemporaryError as err:
-            logger.warning("rollout step failed, retrying: %s", err)
-        stopped.wait(ROLLOUT_POLL_SECONDS)
+async def drive_rollout(stopped: kopf.DaemonStopped, name: str, namespace: str, logger: logging.Logger,
+                        **_: Any) -> None:
+    """Poll quickly while a rollout runs (pods restart on their own schedule); stops when it completes.
+    Async: it waits on the event loop, and each step holds a thread of `steps()` only while it runs."""
+    def wanted(server: dict[str, Any]) -> bool:
+        return rollout_wanted(server.get("spec") or {}, server.get("status"))
+
+    await driver.drive(fetch=lambda: steps().run(kube().get_server, namespace, name), wanted=wanted,
+                       step=lambda server: steps().run(_run, server, logger), sleep=stopped.wait,
+                       stopped=lambda: bool(stopped), poll=ROLLOUT_POLL_SECONDS, log=logger)

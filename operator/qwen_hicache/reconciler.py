@@ -66,14 +66,21 @@ def _apply_children(kube: Kube, objects: list[Obj], outcome: Outcome) -> Obj | N
     return sts
 
 
-OWNED_STATUS_KEYS = ("launch", "sizing", "cache", "restart", "adminSecret", "router")
+def _merge_diff(old: Any, new: Any) -> Any:
+    """RFC 7386 patch turning `old` into `new`: changed members, nested keys `new` leaves out nulled, lists and
+    scalars replaced whole. Applied to the freshly read status it yields exactly `new`, so a key a later state
+    leaves out (restart.reason after a resume) can never survive; a patch never fails on a missing path."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    out: Obj = {k: None for k in old if k not in new}
+    out.update({k: _merge_diff(old.get(k), v) for k, v in new.items() if old.get(k) != v})
+    return out
 
 
 def _status_delta(new: Obj, old: Obj) -> Obj:
-    """Merge patch turning `old` into `new` for the keys this operator owns (stale keys are nulled)."""
-    delta = {k: v for k, v in new.items() if old.get(k) != v}
-    delta.update({k: None for k in OWNED_STATUS_KEYS if k in old and k not in new})
-    return delta
+    """Merge patch turning `old` into `new`; every status key is the operator's (Kopf keeps its own
+    bookkeeping in annotations), so a top-level key `new` leaves out is removed too."""
+    return _merge_diff(old, new) if old != new else {}
 
 
 def _ensure_admin_secret(kube: Kube, meta: Obj, old: Obj, outcome: Outcome) -> str:

@@ -1,0 +1,71 @@
+"""Running rollouts hold none of Kopf's handler threads: with more rollouts waiting than handler threads, a
+new resource still gets its StatefulSet within seconds (a synchronous daemon would never let it).
+
+Real API server and controllers, no kubelet: pods stay Pending, so every rollout waits for a replacement
+that never becomes ready (podTimeoutSeconds: 3600) and its daemon stays alive for the whole test."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubehelpers import eventually, get_server
+from kubernetes import client
+from qwen_hicache.spec import GROUP, PLURAL, VERSION
+from resources import example
+
+from harness.inprocess import operator_thread
+
+pytestmark = pytest.mark.integration
+HANDLER_THREADS = 3
+ROLLOUTS = HANDLER_THREADS + 1
+
+
+@pytest.fixture
+def few_threads_operator(crd: None, devcluster: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The operator with fewer Kopf handler threads than the rollouts this test keeps running."""
+    monkeypatch.setenv("QWEN_HICACHE_WORKERS", str(HANDLER_THREADS))  # read by the startup handler
+    with operator_thread():
+        yield
+
+
+def _create(custom: client.CustomObjectsApi, ns: str, name: str) -> None:
+    doc = example()
+    doc["metadata"] = {"name": name, "namespace": ns}
+    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, doc)
+
+
+def _has_sts(apps: client.AppsV1Api, ns: str, name: str) -> bool:
+    return any(s.metadata.name == name for s in apps.list_namespaced_stateful_set(ns).items)
+
+
+def _rolling(custom: client.CustomObjectsApi, ns: str, name: str) -> bool:
+    rs = (get_server(custom, ns, name).get("status") or {}).get("restart") or {}
+    return rs.get("phase") == "Rolling" and rs.get("id", "").endswith("/r1") and bool(rs.get("inFlight"))
+
+
+def test_new_resource_gets_its_statefulset_while_rollouts_wait(
+    few_threads_operator: None, kube_api: client.ApiClient, custom: client.CustomObjectsApi, namespace: str
+) -> None:
+    apps = client.AppsV1Api(kube_api)
+    busy = [f"busy-{i}" for i in range(ROLLOUTS)]
+    for name in busy:
+        _create(custom, namespace, name)
+    for name in busy:
+        eventually(lambda n=name: _has_sts(apps, namespace, n), timeout=120)
+        custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, {"spec": {"restart": "r1"}})
+    for name in busy:
+        eventually(lambda n=name: _rolling(custom, namespace, n), timeout=120)
+    time.sleep(3)  # every daemon is now in its polling loop
+    rollout_threads = [t.name for t in threading.enumerate() if t.name.startswith("rollout-step")]
+    assert len(rollout_threads) <= 8, rollout_threads  # the bounded step pool, not one thread per rollout
+
+    started = time.monotonic()
+    _create(custom, namespace, "fresh")
+    eventually(lambda: _has_sts(apps, namespace, "fresh"), timeout=60, interval=0.1)
+    latency = time.monotonic() - started
+    assert latency < 15, f"new resource waited {latency:.1f}s for its StatefulSet"  # seconds, on a loaded CI box
+    assert all(_rolling(custom, namespace, n) for n in busy)  # and the rollouts are still being driven
