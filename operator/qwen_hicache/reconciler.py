@@ -21,7 +21,7 @@ from .conditions import transitions
 from .kube import Kube
 from .plan import Plan, plan
 from .sizing import parse_quantity
-from .status import Observed, build_status, conditions_for
+from .status import CRASH_LOOP_PREFIX, Observed, build_status, conditions_for
 
 Obj = dict[str, Any]
 EventSink = Callable[[Obj, str, str, str], None]
@@ -104,16 +104,30 @@ def _annotate_claims(kube: Kube, meta: Obj, fingerprint: str) -> None:
 
 
 def _pod_problems(pods: list[Obj]) -> tuple[str, ...]:
-    """Init-container failures, e.g. the cache guard refusing a directory of another configuration."""
+    """Init-container failures (e.g. the cache guard refusing a directory of another configuration) and
+    containers in a crash loop, each with the container's last message (its log tail on an error exit)."""
     out = []
     for pod in pods:
-        for st in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        status, name = pod.get("status") or {}, pod["metadata"]["name"]
+        for st in status.get("initContainerStatuses") or []:
             term = (st.get("state") or {}).get("terminated") or {}
             if term.get("exitCode"):
-                detail = (term.get("message") or term.get("reason") or "").strip()
-                out.append(f"pod {pod['metadata']['name']}: init container {st['name']} exited {term['exitCode']}"
-                           + (f": {detail}" if detail else ""))
+                out.append(f"pod {name}: init container {st['name']} exited {term['exitCode']}{_detail(term)}")
+        for st in status.get("containerStatuses") or []:
+            if ((st.get("state") or {}).get("waiting") or {}).get("reason") == CRASH_LOOP:
+                last = (st.get("lastState") or {}).get("terminated") or {}
+                out.append(f"{CRASH_LOOP_PREFIX} pod {name}: container {st['name']} restarted "
+                           f"{st.get('restartCount', 0)} times, last exit {last.get('exitCode', '?')}{_detail(last)}")
     return tuple(out)
+
+
+CRASH_LOOP = "CrashLoopBackOff"
+MESSAGE_CHARS = 600  # the tail of a container's last message kept in a condition
+
+
+def _detail(term: Obj) -> str:
+    detail = (term.get("message") or term.get("reason") or "").strip()
+    return f": {detail[-MESSAGE_CHARS:]}" if detail else ""
 
 
 def _policy(p: Plan) -> rollout.Policy:

@@ -219,6 +219,7 @@ def get_container(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchS
         "resources": _resources(spec, sizing),
         "volumeMounts": _volume_mounts(spec),
         "lifecycle": {"preStop": {"exec": {"command": ["python3", "-c", podlifecycle.PRESTOP_SCRIPT]}}},
+        "terminationMessagePolicy": "FallbackToLogsOnError",  # a crash's last log lines reach status
         **_probes(spec),
     }
     return container

@@ -18,6 +18,8 @@ from .conditions import Condition, merge
 from .plan import Plan
 
 Obj = dict[str, Any]
+CRASH_LOOP_PREFIX = "crash loop:"
+"""Starts a pod problem that is a container in CrashLoopBackOff (Degraded reason CrashLooping)."""
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,9 @@ def _workload(plan: Plan, obs: Observed) -> list[Condition]:
     if rs.get("phase") == "Paused":
         degraded = Condition("Degraded", "True", rs["reason"], rs["message"])
     elif obs.pod_problems:
-        degraded = Condition("Degraded", "True", "PodFailing", "; ".join(obs.pod_problems))
+        looping = any(p.startswith(CRASH_LOOP_PREFIX) for p in obs.pod_problems)
+        degraded = Condition("Degraded", "True", "CrashLooping" if looping else "PodFailing",
+                             "; ".join(obs.pod_problems))
     else:
         degraded = Condition("Degraded", "False", "AsExpected", "")
     if rs.get("phase") == "Rolling":
