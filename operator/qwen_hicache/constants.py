@@ -24,6 +24,10 @@ RENDER_VERSION_ANNOTATION = f"{ANNOTATION_PREFIX}/render-version"
 CONFIG_HASH_ANNOTATION = f"{ANNOTATION_PREFIX}/config-hash"
 RESTART_ANNOTATION = f"{ANNOTATION_PREFIX}/restart"
 FINGERPRINT_ANNOTATION = f"{ANNOTATION_PREFIX}/fingerprint"
+"""On each cache volume claim: the cache namespace its pods read now (claims outlive the resource)."""
+PREVIOUS_FINGERPRINTS_ANNOTATION = f"{ANNOTATION_PREFIX}/previous-fingerprints"
+"""On each cache volume claim: earlier namespaces still kept on it, newest first, comma-separated."""
+FINGERPRINT_ANNOTATION = f"{ANNOTATION_PREFIX}/fingerprint"
 
 
 def standard_labels(app: str, instance: str, component: str) -> dict[str, str]:

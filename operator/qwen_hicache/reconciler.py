@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import DynamicApiError
 
-from . import disk_change, diskusage, drift, engine, metrics, policies, render, rollout, router
+from . import claim_history, disk_change, diskusage, drift, engine, metrics, policies, render, rollout, router
 from .conditions import transitions
 from .kube import Kube
 from .plan import Plan, plan
@@ -93,14 +93,16 @@ def _ensure_admin_secret(kube: Kube, meta: Obj, old: Obj, outcome: Outcome) -> s
     return name
 
 
-def _annotate_claims(kube: Kube, meta: Obj, fingerprint: str) -> None:
-    """Record the cache fingerprint on each cache volume claim (they outlive the resource)."""
-    key = f"{render.ANNOTATION_PREFIX}/fingerprint"
+def _annotate_claims(kube: Kube, meta: Obj, fingerprint: str, keep: int) -> tuple[str, ...]:
+    """Record the cache fingerprint, and the ones it replaced, on each cache volume claim (they outlive the
+    resource); the earlier namespaces the claims hold, newest first."""
     claims = kube.list("v1", "PersistentVolumeClaim", meta["namespace"], render.selector(meta["name"]))
     for claim in claims:
-        if (claim["metadata"].get("annotations") or {}).get(key) != fingerprint:
-            name = claim["metadata"]["name"]
-            kube.annotate("v1", "PersistentVolumeClaim", meta["namespace"], name, {key: fingerprint})
+        notes = claim["metadata"].get("annotations") or {}
+        if (wanted := claim_history.annotations_for(notes, fingerprint, keep)) is not None:
+            kube.annotate("v1", "PersistentVolumeClaim", meta["namespace"], claim["metadata"]["name"], wanted)
+            claim["metadata"]["annotations"] = {**notes, **wanted}
+    return claim_history.previous_on_claims(claims, fingerprint)
 
 
 def _pod_problems(pods: list[Obj]) -> tuple[str, ...]:
@@ -186,13 +188,13 @@ def _converge(kube: Kube, body: Obj, p: Plan, outcome: Outcome, now: str) -> Obs
     meta, old = body["metadata"], body.get("status") or {}
     sts = _apply_children(kube, [o for o in p.objects if not router.is_manifest(o)], outcome)
     secret = _ensure_admin_secret(kube, meta, old, outcome)
-    if p.cache:
-        _annotate_claims(kube, meta, p.cache["fingerprint"])
+    history = _annotate_claims(kube, meta, p.cache["fingerprint"], p.spec.hicache.disk.keep_old_namespaces) \
+        if p.cache else ()
     pods = kube.list("v1", "Pod", meta["namespace"], render.selector(meta["name"]))
     restart = _run_rollout(kube, body, p, pods, now)
     routing = router.sync(kube, meta, p.spec, restart, old.get("router"))  # seam "after warm check": listed again
     return Observed(sts=sts, restart=restart, pod_problems=_pod_problems(pods), admin_secret=secret, router=routing,
-                    disk_usage=_disk_usage(p, pods))
+                    disk_usage=_disk_usage(p, pods), claim_history=history)
 
 
 def _disk_usage(p: Plan, pods: list[Obj]) -> tuple[tuple[str, Obj | None], ...]:

@@ -34,6 +34,8 @@ class Observed:
     router: Obj | None = None
     disk_usage: tuple[tuple[str, Obj | None], ...] = ()
     """(pod, its cache-usage sidecar's numbers or None) per running pod; see `replica_cache`."""
+    claim_history: tuple[str, ...] = ()
+    """Earlier cache namespaces the cache volume claims record, newest first (see claim_history)."""
 
 
 def _validity(plan: Plan) -> list[Condition]:
@@ -162,15 +164,16 @@ def conditions_for(plan: Plan, obs: Observed) -> list[Condition]:
     return [*_validity(plan), *_persistence(plan), *_advisories(plan), *warm, *_workload(plan, obs)]
 
 
-def cache_history(new: Obj, old: Obj | None, keep: int) -> Obj:
-    """`status.cache` with the earlier fingerprints still kept on the volumes (newest first)."""
+def cache_history(new: Obj, old: Obj | None, keep: int, on_claims: tuple[str, ...] = ()) -> Obj:
+    """`status.cache` with the earlier fingerprints still kept on the volumes (newest first): the previous
+    status's, then any the claims record (a recreated resource starts from those)."""
     if not new:
         return {}
     old = old or {}
     previous = list(old.get("previousFingerprints") or [])
     if old.get("fingerprint") and old["fingerprint"] != new["fingerprint"]:
         previous.insert(0, old["fingerprint"])
-    previous = [fp for fp in previous if fp != new["fingerprint"]][:keep]
+    previous = list(dict.fromkeys(fp for fp in [*previous, *on_claims] if fp != new["fingerprint"]))[:keep]
     return {**new, "previousFingerprints": previous} if previous else dict(new)
 
 
@@ -200,8 +203,9 @@ def _described(plan: Plan, obs: Observed, old: Obj, now: str) -> Obj:
         kept = ("launch", "sizing", "cache", "replicaCache", "cacheSummary")
         return {**{k: old.get(k) for k in kept}, **common}
     keep = plan.spec.hicache.disk.keep_old_namespaces if plan.spec else 0
-    return {"launch": plan.launch, "sizing": plan.sizing, "cache": cache_history(plan.cache, old.get("cache"), keep),
-            **common, **replica_cache(obs.disk_usage, obs.restart, old, now)}
+    cache = cache_history(plan.cache, old.get("cache"), keep, obs.claim_history)
+    return {"launch": plan.launch, "sizing": plan.sizing, "cache": cache, **common,
+            **replica_cache(obs.disk_usage, obs.restart, old, now)}
 
 
 # -- Per-replica cache: disk tier use vs cap, namespace age, last restart's restored tokens -----------------

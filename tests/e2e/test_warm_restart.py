@@ -138,6 +138,9 @@ def test_kv_dtype_change_moves_to_a_new_namespace_and_never_reads_old_pages(
     assert obj["status"]["restart"]["phase"] == "Complete"
     assert (volume / after / ".qwen-hicache-fingerprint").read_text().strip() == after
     assert sorted(p.name for p in (volume / before).iterdir() if p.suffix == ".bin") == old_pages  # kept, intact
+    claim = client.CoreV1Api(custom.api_client).read_namespaced_persistent_volume_claim(f"hicache-{NAME}-0", namespace)
+    notes = claim.metadata.annotations  # the claim outlives the resource: a recreated one reports this history
+    assert notes["qwenhicache.io/fingerprint"] == after and notes["qwenhicache.io/previous-fingerprints"] == before
 
 
 def test_cold_replacement_pauses_the_rollout_and_restarts_nothing_else(
