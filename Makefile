@@ -39,6 +39,7 @@ bench: cluster
 	$(PY) bench/reconcile.py --compare 20
 	$(PY) bench/file_tier.py
 	$(PY) bench/routing.py
+	$(PY) bench/rollouts.py
 
 crds: setup
 	$(VENV)/bin/qwen-hicache crd > crds/qwenhicacheservers.qwenhicache.io.yaml

@@ -46,6 +46,7 @@ from .sglang_tree import TREE_ENV, patched_sglang_tree
 
 Obj = dict[str, Any]
 BACKOFF_START_S, BACKOFF_MAX_S, BACKOFF_RESET_S = 10.0, 300.0, 600.0  # the kubelet's crash-loop back-off
+STATUS_SYNC_S = 10.0  # the kubelet status manager's syncPeriod
 LOG_TAIL_BYTES, LOG_TAIL_LINES = 2048, 80  # terminationMessagePolicy: FallbackToLogsOnError takes this much
 
 
@@ -130,6 +131,7 @@ class SimCluster:
         self.pods: dict[tuple[str, str], LivePod] = {}
         self.errors: list[str] = []
         self._lost: set[str] = set()
+        self._next_status_sync = 0.0
         self._ips = IpPool()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -269,6 +271,23 @@ class SimCluster:
             elif uid not in running and _runnable(obj) and (meta["namespace"], meta["name"]) not in self.pods:
                 self._start(obj)  # (a name still in self.pods is the old incarnation, stopping)
         self._probe()
+        self._resync_status(bound)
+
+    def _resync_status(self, bound: dict[str, Obj]) -> None:
+        """The kubelet's status manager: every STATUS_SYNC_S it re-posts a pod whose Ready condition in the API
+        differs from its own (the node lifecycle controller marks pods NotReady when heartbeats lapse)."""
+        if time.monotonic() < self._next_status_sync:
+            return
+        self._next_status_sync = time.monotonic() + STATUS_SYNC_S
+        for pod in list(self.pods.values()):
+            obj = bound.get(pod.uid)
+            if obj is None or pod.state != "running":
+                continue
+            conds = (obj.get("status") or {}).get("conditions") or []
+            api_ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+            if api_ready != pod.ready or (obj.get("status") or {}).get("phase") != "Running":
+                pod.record.note(f"status re-posted: the API said ready={api_ready}")
+                self._patch_pod(pod, phase="Running")
 
     # -- the kubelet ----------------------------------------------------------------------------
     def _volume_dirs(self, pod: Obj, run_dir: Path) -> dict[str, Path]:
@@ -436,10 +455,17 @@ class SimCluster:
 
     def _terminate(self, pod: LivePod, graceful: bool) -> None:
         """preStop within the grace period, SIGTERM, SIGKILL at its end; then the final delete (grace 0)."""
+        try:
+            self._stop_containers(pod, graceful)
+        finally:  # the API may be away (chaos tests): the next pass confirms the deletion, as a kubelet retries
+            self._ips.release(pod.procs.ip)
+            self.pods.pop((pod.namespace, pod.name), None)
+
+    def _stop_containers(self, pod: LivePod, graceful: bool) -> None:
         if pod.starter:
             pod.starter.join()
         grace = 30.0
-        with contextlib.suppress(ApiException):
+        with contextlib.suppress(Exception):  # ApiException, or no API server at all
             obj = self.core.read_namespaced_pod(pod.name, pod.namespace)
             if obj.metadata.uid == pod.uid:
                 grace = float(obj.metadata.deletion_grace_period_seconds or grace)
@@ -459,8 +485,6 @@ class SimCluster:
         pod.record.note(f"engine stopped: exit {code}{' (SIGKILL)' if killed else ''}")
         if graceful:
             self._confirm_deleted({"name": pod.name, "namespace": pod.namespace, "uid": pod.uid})
-        self._ips.release(pod.procs.ip)
-        self.pods.pop((pod.namespace, pod.name), None)
 
     def _kill(self, pod: LivePod, crash: bool = False) -> None:
         """Machine switched off (SIGTERM, 5 s) or crashed (`crash`: SIGKILL at once, nothing drains)."""
@@ -475,7 +499,7 @@ class SimCluster:
     def _confirm_deleted(self, meta: Obj) -> None:
         """The kubelet's last word on a pod whose containers have stopped: delete now, this uid only."""
         body = client.V1DeleteOptions(grace_period_seconds=0, preconditions=client.V1Preconditions(uid=meta["uid"]))
-        with contextlib.suppress(ApiException):
+        with contextlib.suppress(Exception):  # refused, or the API is away: a later pass sees the pod and retries
             self.core.delete_namespaced_pod(meta["name"], meta["namespace"], body=body)
 
     def _patch_pod(self, pod: LivePod, phase: str, init_failure: Obj | None = None) -> None:
@@ -484,6 +508,8 @@ class SimCluster:
             self.core.patch_namespaced_pod_status(pod.name, pod.namespace, {"status": status})
         except ApiException as exc:
             pod.record.note(f"status not written: {exc.status}")
+        except Exception as exc:  # noqa: BLE001 - no API server (chaos tests): the status sync re-posts it
+            pod.record.note(f"status not written: {type(exc).__name__}")
 
 
 def _runnable(pod: Obj) -> bool:

@@ -18,3 +18,11 @@ def test_reconcile_benchmark_smoke() -> None:
     res = subprocess.run(argv, capture_output=True, text=True, timeout=420)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "writes / no-op resync (must be 0)" in res.stdout
+
+
+@pytest.mark.integration
+def test_rollouts_benchmark_smoke() -> None:
+    argv = [sys.executable, str(REPO / "bench" / "rollouts.py"), "--smoke", "--timeout", "300"]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=540)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "new resource -> StatefulSet (s)" in res.stdout

@@ -30,7 +30,7 @@ def chaos_ns(kube_api: client.ApiClient, request: pytest.FixtureRequest) -> Iter
 @pytest.fixture(scope="module")
 def chaos_sim(kube_api: client.ApiClient, chaos_ns: str, tmp_path_factory: pytest.TempPathFactory
               ) -> Iterator[SimCluster]:
-    with SimCluster(kube_api, tmp_path_factory.mktemp("chaos") / "volumes", chaos_ns) as cluster:
+    with SimCluster(kube_api, tmp_path_factory.mktemp("chaos") / "volumes", chaos_ns, nodes=4) as cluster:
         cluster.weights_claim(chaos_ns)
         yield cluster
 

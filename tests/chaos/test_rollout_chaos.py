@@ -1,7 +1,7 @@
 """Rollouts under the ways production breaks them, on the real control plane with the GPU-free harness: the
 operator SIGKILLed at each step, the API server restarted, a second restart mid-rollout, someone else deleting
-a pod, a scale change mid-rollout. The sampler (chaoslib) checks the invariants all along; each test then
-requires the rollout Complete and counts the restarts the kubelet stand-in ran.
+a pod, a scale change mid-rollout, many servers at once. The sampler (chaoslib) checks the invariants all
+along; each test then requires the rollout Complete and counts the restarts the kubelet stand-in ran.
 
 Two servers for the module: `solo` (2 replicas) and `trio` (3 replicas); each test rolls one to a new target."""
 
@@ -49,12 +49,7 @@ def _kill_trigger(fleet: Fleet, step: str) -> Any:
     return lambda: _in_flight(fleet, SOLO, pod, step)
 
 
-KNOWN_BROKEN = "issue 14 (open): fails today; not run in .ci/run until the rollout rework lands ({})"
-"""Scenarios that fail on main: marked, not hidden (xfail without running: each would wait out its timeout)."""
-
-
-@pytest.mark.parametrize("step", ["Canary", "Delete", "WaitingReady", pytest.param("Verify", marks=pytest.mark.xfail(
-    run=False, reason=KNOWN_BROKEN.format("a retried warm check after a kill at Verify never completes")))])
+@pytest.mark.parametrize("step", ["Canary", "Delete", "WaitingReady", "Verify"])
 def test_operator_sigkill_at_each_step(step: str, fleet: Fleet, chaos_operator: OperatorProcess,
                                        kube_api: client.ApiClient) -> None:
     fleet.up(SOLO, 2)
@@ -73,8 +68,6 @@ def test_operator_sigkill_at_each_step(step: str, fleet: Fleet, chaos_operator: 
     assert all(r["warm"] for r in rs["results"]), rs["results"]
 
 
-@pytest.mark.xfail(run=False, reason=KNOWN_BROKEN.format(
-    "the rollout does not complete within 60 s of the API server's return"))
 def test_apiserver_restart_mid_rollout(fleet: Fleet, devcluster: Any, kube_api: client.ApiClient) -> None:
     fleet.up(SOLO, 2)
     before = fleet.incarnations(SOLO, 2)
@@ -93,8 +86,6 @@ def test_apiserver_restart_mid_rollout(fleet: Fleet, devcluster: Any, kube_api: 
     assert all(after[p] - before[p] == 1 for p in after), (before, after)
 
 
-@pytest.mark.xfail(run=False, reason=KNOWN_BROKEN.format(
-    "both pods of a 2-replica server can be down (failed once in two runs)"))
 def test_second_restart_right_after_a_delete(fleet: Fleet, kube_api: client.ApiClient) -> None:
     fleet.up(SOLO, 2)
     before = fleet.incarnations(SOLO, 2)
@@ -109,8 +100,6 @@ def test_second_restart_right_after_a_delete(fleet: Fleet, kube_api: client.ApiC
     assert after[f"{SOLO}-1"] - before[f"{SOLO}-1"] in (1, 2)  # its replacement may have come back outdated
 
 
-@pytest.mark.xfail(run=False, reason=KNOWN_BROKEN.format(
-    "the rollout does not reach Complete/Paused in time after an external delete"))
 def test_external_pod_delete_mid_rollout(fleet: Fleet, kube_api: client.ApiClient) -> None:
     fleet.up(TRIO, 3)
     before = fleet.incarnations(TRIO, 3)
@@ -124,8 +113,6 @@ def test_external_pod_delete_mid_rollout(fleet: Fleet, kube_api: client.ApiClien
     assert {p: after[p] - before[p] for p in after} == {f"{TRIO}-0": 1, f"{TRIO}-1": 1, f"{TRIO}-2": 1}, rs
 
 
-@pytest.mark.xfail(run=False, reason=KNOWN_BROKEN.format(
-    "the rollout waits for a pod that scaling removed"))
 def test_scale_down_then_up_mid_rollout(fleet: Fleet, kube_api: client.ApiClient) -> None:
     fleet.up(TRIO, 3)
     with _sampler(kube_api, fleet, TRIO) as sampler:
@@ -144,3 +131,20 @@ def test_scale_down_then_up_mid_rollout(fleet: Fleet, kube_api: client.ApiClient
         rs = fleet.wait_phase(TRIO, value)
         fleet.sim.wait_ready(fleet.namespace, TRIO, 3, timeout=120)
     _assert_clean(sampler, rs)
+
+
+def test_many_servers_restarted_at_once(fleet: Fleet, kube_api: client.ApiClient) -> None:
+    """Every server of a namespace restarted in the same second (a fleet-wide config push): each rollout keeps
+    its own promises, and all complete (bench/rollouts.py measures 50 at once)."""
+    names = [f"many-{i}" for i in range(4)]
+    for name in names:
+        fleet.up(name, 2)
+    before = {name: fleet.incarnations(name, 2) for name in names}
+    with _sampler(kube_api, fleet, *names) as sampler:
+        values = {name: fleet.restart(name) for name in names}
+        results = {name: fleet.wait_phase(name, value, timeout=300) for name, value in values.items()}
+    for rs in results.values():
+        _assert_clean(sampler, rs)
+    for name in names:
+        after = fleet.incarnations(name, 2)
+        assert all(after[p] - before[name][p] == 1 for p in after), (name, before[name], after)

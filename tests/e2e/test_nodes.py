@@ -87,10 +87,37 @@ def test_lost_node_is_tainted_evicted_and_recovered_after_the_node_is_deleted(
         taints = core.read_node(node).spec.taints or []
         return any(t.key == "node.kubernetes.io/unreachable" and t.effect == "NoExecute" for t in taints)
 
-    eventually(unreachable, timeout=60)
-    eventually(lambda: core.read_namespaced_pod(pod, namespace).metadata.deletion_timestamp, timeout=60)
+    eventually(unreachable, timeout=120)
+    eventually(lambda: core.read_namespaced_pod(pod, namespace).metadata.deletion_timestamp, timeout=120)
     # No kubelet confirms the deletion, so the StatefulSet keeps its at-most-one promise and waits; the admin
     # (or a cloud's node controller) deletes the dead Node, the pod GC removes its pods, the set recreates it.
     core.delete_node(node)
     _replaced_elsewhere(core, sim, namespace, pod, node)
     assert _generate(sim, namespace, pod)["storage"] > 0  # write-through had put the prefix on disk
+
+
+def _evict(core: client.CoreV1Api, ns: str, pod: str) -> None:
+    body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod, namespace=ns))
+    core.create_namespaced_pod_eviction(pod, ns, body)
+
+
+def test_the_budget_refuses_a_second_eviction_while_a_replica_is_down(
+    operator: None, sim: Any, kube_api: client.ApiClient, custom: client.CustomObjectsApi, namespace: str
+) -> None:
+    """A node drain evicts pod by pod through this API: the server's PodDisruptionBudget (the real disruption
+    controller keeps its status) lets one replica go, refuses the next with 429 until the first is back."""
+    core, policy = client.CoreV1Api(kube_api), client.PolicyV1Api(kube_api)
+    _up(custom, sim, namespace, 2)
+
+    def allowed() -> int:
+        return policy.read_namespaced_pod_disruption_budget(NAME, namespace).status.disruptions_allowed
+
+    eventually(lambda: allowed() == 1, timeout=60)
+    _evict(core, namespace, f"{NAME}-0")
+    with pytest.raises(client.ApiException) as refused:
+        _evict(core, namespace, f"{NAME}-1")
+    assert refused.value.status == 429, refused.value.body
+    assert "disruption budget" in refused.value.body
+    eventually(lambda: sim.record(namespace, f"{NAME}-0").incarnations == 2 and allowed() == 1, timeout=180)
+    _evict(core, namespace, f"{NAME}-1")  # the first is back and Ready: the next may go
+    sim.wait_ready(namespace, NAME, 2, timeout=180)

@@ -115,8 +115,8 @@ def test_lost_node_is_tainted_and_its_pod_evicted(
         taints = core.read_node(target).spec.taints or []
         return any(t.key == "node.kubernetes.io/unreachable" and t.effect == "NoExecute" for t in taints)
 
-    nodes.wait_for(tainted, 60, "the node lifecycle controller's unreachable taint")
+    nodes.wait_for(tainted, 120, "the node lifecycle controller's unreachable taint")
     ready = next(c for c in core.read_node(target).status.conditions if c.type == "Ready")
     assert ready.status == "Unknown" and ready.reason == "NodeStatusUnknown"
     # the taint-eviction controller deletes it once the 5 s default toleration runs out; no kubelet confirms it
-    nodes.wait_for(lambda: core.read_namespaced_pod("victim", namespace).metadata.deletion_timestamp, 60, "eviction")
+    nodes.wait_for(lambda: core.read_namespaced_pod("victim", namespace).metadata.deletion_timestamp, 120, "eviction")

@@ -1,0 +1,207 @@
+"""Rollout benchmark: many cache-aware rolling restarts at once, and a new resource created meanwhile.
+
+Why a benchmark: how long rollouts take depends on the machine, so the figures are printed beside a baseline
+measured in the same run (one rollout alone, a new resource on an idle operator), never asserted on wall time.
+Two rules are checked (exit status 1 otherwise): every rollout completes, and the new resource gets its
+StatefulSet while the rollouts run (an operator whose rollouts held its worker threads would starve it).
+
+What runs: a fresh real control plane (harness.devcluster), the kubelet stand-ins (harness.sim: nodes, pods
+as processes on loopback, the engine stand-in), the operator as a subprocess (`qwen-hicache run
+--standalone`). Servers are the shipped example with one replica and no disk tier (a stand-in engine with
+the disk tier imports torch: 50 of them do not fit in 24 GB), so a rollout is: canary, delete, a new pod,
+readiness, the check.
+
+    python bench/rollouts.py [--servers 50] [--timeout 900] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import copy
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "operator"), str(REPO)]
+
+from qwen_hicache.spec import GROUP, PLURAL, VERSION  # noqa: E402
+
+from harness.demo import install_crd  # noqa: E402 - after the path fix for a non-installed checkout
+from harness.devcluster import DevCluster  # noqa: E402
+from harness.sim.cluster import SimCluster  # noqa: E402
+
+EXAMPLE = REPO / "examples" / "qwenhicache.yaml"
+NAMESPACE = "bench-rollouts"
+
+
+def server_doc(name: str) -> dict[str, Any]:
+    """The shipped example: one replica, no disk tier, a short request drain."""
+    doc = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
+    doc["metadata"] = {"name": name, "namespace": NAMESPACE}
+    spec = doc["spec"]
+    spec["replicas"] = 1
+    spec["hicache"]["disk"] = {"enabled": False}
+    spec["runtime"]["maxRequestSeconds"] = 2
+    spec["rollout"] = {"podTimeoutSeconds": 600}
+    return doc
+
+
+def wait(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if got := check():
+                return got
+        except client.ApiException:
+            pass
+        time.sleep(interval)
+    raise TimeoutError(f"not reached within {timeout:.0f}s: {what}")
+
+
+class Bench:
+    """The cluster-side helpers: create servers, restart them, read their rollouts."""
+
+    def __init__(self, api: client.ApiClient, sim: SimCluster) -> None:
+        self.custom, self.apps, self.sim = client.CustomObjectsApi(api), client.AppsV1Api(api), sim
+
+    def create(self, name: str) -> None:
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, server_doc(name))
+
+    def has_sts(self, name: str) -> bool:
+        try:
+            return bool(self.apps.read_namespaced_stateful_set(name, NAMESPACE))
+        except client.ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+
+    def sts_latency(self, name: str, timeout: float) -> float:
+        """Seconds from creating `name` until its StatefulSet exists."""
+        began = time.monotonic()
+        self.create(name)
+        wait(f"StatefulSet {name}", lambda: self.has_sts(name), timeout, interval=0.05)
+        return time.monotonic() - began
+
+    def up(self, names: list[str], timeout: float) -> None:
+        for name in names:
+            self.create(name)
+        for name in names:
+            self.sim.wait_ready(NAMESPACE, name, 1, timeout=timeout)
+
+    def restart(self, name: str, value: str) -> None:
+        body = {"spec": {"restart": value}}
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name, body)
+
+    def finished(self, name: str, value: str) -> dict[str, Any] | None:
+        obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
+        rs = (obj.get("status") or {}).get("restart") or {}
+        return rs if rs.get("id", "").endswith(f"/{value}") and rs.get("phase") in ("Complete", "Paused") else None
+
+
+def rollout_seconds(rs: dict[str, Any]) -> float:
+    """started -> finished of a rollout, from its status (second resolution)."""
+    def t(stamp: str) -> float:
+        return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
+
+    return t(rs["finished"]) - t(rs["started"])
+
+
+def roll_all(bench: Bench, names: list[str], value: str, probe: str | None, timeout: float) -> dict[str, Any]:
+    """Restart every server at once (one thread each); meanwhile create `probe`; wait for every rollout."""
+    began = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(lambda n: bench.restart(n, value), names))
+    latency = None
+    if probe:
+        time.sleep(2)  # every rollout has started
+        latency = bench.sts_latency(probe, timeout=120)
+    results = {}
+    for name in names:
+        results[name] = wait(f"rollout of {name}", lambda n=name: bench.finished(n, value), timeout, interval=0.5)
+    wall = time.monotonic() - began
+    per = [rollout_seconds(rs) for rs in results.values()]
+    complete = sum(rs["phase"] == "Complete" for rs in results.values())
+    return {"wall": wall, "median": statistics.median(per), "max": max(per), "complete": complete,
+            "latency": latency}  # fmt: skip
+
+
+def table(alone: dict[str, Any], idle_latency: float, many: dict[str, Any], n: int) -> str:
+    rows = [
+        ("rollouts at once", 1, n),
+        ("all rollouts complete (s)", alone["wall"], many["wall"]),
+        ("rollout, median (s)", alone["median"], many["median"]),
+        ("rollout, slowest (s)", alone["max"], many["max"]),
+        ("completed", alone["complete"], many["complete"]),
+        ("new resource -> StatefulSet (s)", idle_latency, many["latency"]),
+    ]
+    head = f"{'metric':34} {'alone / idle':>13} {'N at once':>10} {'ratio':>8}"
+    lines = [head, "-" * len(head)]
+    for label, a, b in rows:
+        ratio = f"{b / a:.2f}x" if a else "-"
+        lines.append(f"{label:34} {a:13.2f} {b:10.2f} {ratio:>8}")
+    return "\n".join(lines)
+
+
+def start_operator(cluster: DevCluster, workdir: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, **cluster.env(), "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    log = (workdir / "operator.log").open("wb")
+    return subprocess.Popen([sys.executable, "-m", "qwen_hicache.cli", "run", "--standalone"], env=env,
+                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def run(servers: int, timeout: float, workdir: Path) -> int:
+    quiet = lambda msg: None  # noqa: E731 - DevCluster's chatter would break the table
+    with DevCluster(log=quiet) as cluster:
+        api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        install_crd(api)
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
+        nodes = math.ceil((servers + 3) * 2 / 8) + 1  # the example's pods ask for 2 GPUs; 8 per node
+        with SimCluster(api, workdir / "volumes", NAMESPACE, nodes=nodes) as sim:
+            sim.weights_claim(NAMESPACE)
+            op = start_operator(cluster, workdir)
+            try:
+                bench = Bench(api, sim)
+                bench.up(["solo"], timeout=180)
+                idle_latency = bench.sts_latency("probe-idle", timeout=120)
+                alone = roll_all(bench, ["solo"], "alone", None, timeout)
+                names = [f"s{i:03d}" for i in range(servers)]
+                bench.up(names, timeout=max(180, servers * 6))
+                many = roll_all(bench, names, "many", "probe-busy", timeout)
+            finally:
+                op.terminate()
+                op.wait(30)
+    print(f"bench/rollouts.py: {servers} servers (1 replica each, no disk tier), real control plane, "
+          f"kubelet stand-ins on {nodes} nodes, operator as a subprocess")
+    print(table(alone, idle_latency, many, servers))
+    ok = many["complete"] == servers and alone["complete"] == 1
+    if not ok:
+        print(f"FAIL: {servers - many['complete']} rollouts did not complete (see {workdir}/operator.log)")
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--servers", type=int, default=50)
+    ap.add_argument("--timeout", type=float, default=900, help="seconds for the rollouts to finish")
+    ap.add_argument("--smoke", action="store_true", help="3 servers: CI's check that the benchmark still runs")
+    args = ap.parse_args(argv)
+    servers = 3 if args.smoke else args.servers
+    with tempfile.TemporaryDirectory(prefix="bench-rollouts-") as tmp:
+        return run(servers, args.timeout, Path(tmp))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
