@@ -131,8 +131,11 @@ def roll_all(bench: Bench, names: list[str], value: str, probe: str | None, time
     for name in names:
         results[name] = wait(f"rollout of {name}", lambda n=name: bench.finished(n, value), timeout, interval=0.5)
     wall = time.monotonic() - began
-    per = [rollout_seconds(rs) for rs in results.values()]
+    per = [rollout_seconds(rs) for rs in results.values() if rs["phase"] == "Complete"] or [0.0]
     complete = sum(rs["phase"] == "Complete" for rs in results.values())
+    for name, rs in results.items():
+        if rs["phase"] != "Complete":
+            print(f"{name}: {rs['phase']} {rs.get('reason')}: {rs.get('message')}", flush=True)
     return {"wall": wall, "median": statistics.median(per), "max": max(per), "complete": complete,
             "latency": latency}  # fmt: skip
 

@@ -133,9 +133,11 @@ def _detail(term: Obj) -> str:
 
 
 def _policy(p: Plan) -> rollout.Policy:
+    """The rollout's rules; without a disk tier nothing can come back warm, so none is required (the check
+    still runs and records what came back)."""
     ro = p.spec.rollout
-    return rollout.Policy(ro.max_unavailable, ro.pod_timeout_seconds, ro.require_warm_start,
-                          p.cache.get("fingerprint", ""))
+    return rollout.Policy(ro.max_unavailable, ro.pod_timeout_seconds,
+                          ro.require_warm_start and p.spec.hicache.disk.enabled, p.cache.get("fingerprint", ""))
 
 
 def _run_rollout(kube: Kube, body: Obj, p: Plan, pods: list[Obj], now: str) -> Obj:

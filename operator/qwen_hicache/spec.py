@@ -375,7 +375,8 @@ class RolloutSpec(ApiModel):
     pod_timeout_seconds: Annotated[int, Field(ge=30, le=86400)] = 3600
     """How long a restarted pod may take to become ready and warm before the rollout pauses."""
     require_warm_start: bool = True
-    """Pause the rollout when a restarted pod serves the canary without a disk-cache hit."""
+    """Pause the rollout when a restarted pod serves the canary without a disk-cache hit (not without a disk
+    tier: nothing could come back warm)."""
 
 
 RouterPolicy = Literal["prefix_hash", "cache_aware", "consistent_hashing", "power_of_two", "round_robin", "random"]
