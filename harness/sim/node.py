@@ -68,8 +68,21 @@ class NodeAgent:
             self._thread.join(timeout=10)
         if delete:
             for name in self.names:
-                with contextlib.suppress(ApiException):
-                    self.core.delete_node(name)
+                self._delete(name)
+
+    def _delete(self, name: str, timeout: float = 15.0) -> None:
+        """Delete the node and wait until it is gone: a node left behind stays Ready for the grace period and
+        the scheduler binds the next test's pods to it (pods no kubelet runs, evicted and recreated)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.core.delete_node(name)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+            except Exception:  # noqa: BLE001, S110 - the API may blink; try again
+                pass
+            time.sleep(0.2)
 
     def lose(self, name: str) -> None:
         """Stop this node's heartbeats (the machine is gone; its processes are stopped by the caller)."""

@@ -10,6 +10,7 @@ from kubehelpers import condition, eventually, get_server
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from qwen_hicache import reconciler
+from qwen_hicache.constants import MANAGER
 from qwen_hicache.kube import Kube
 from qwen_hicache.spec import GROUP, PLURAL, VERSION
 from resources import BAD_SPECS, example, variant
@@ -121,8 +122,10 @@ class CountingKube(Kube):
 
 def _versions(kube_api: client.ApiClient, custom: client.CustomObjectsApi, ns: str) -> dict[str, str]:
     core = client.CoreV1Api(kube_api)
-    return {
-        "sts": _sts(kube_api, ns).metadata.resource_version,
+    sts = _sts(kube_api, ns)
+    ours = [(f.operation, f.time) for f in sts.metadata.managed_fields or [] if f.manager == MANAGER]
+    return {  # the StatefulSet controller writes the set's status whenever its pods change: not ours to count
+        "sts": f"generation {sts.metadata.generation}, {ours}",
         "svc": core.read_namespaced_service(NAME, ns).metadata.resource_version,
         "headless": core.read_namespaced_service(f"{NAME}-headless", ns).metadata.resource_version,
         "server": get_server(custom, ns, NAME)["metadata"]["resourceVersion"],

@@ -1,14 +1,17 @@
 """Running rollouts hold none of Kopf's handler threads: with more rollouts waiting than handler threads, a
 new resource still gets its StatefulSet within seconds (a synchronous daemon would never let it).
 
-Real API server and controllers, no kubelet: pods stay Pending, so every rollout waits for a replacement
-that never becomes ready (podTimeoutSeconds: 3600) and its daemon stays alive for the whole test."""
+Real API server and controllers, the kubelet stand-ins: each server's pod runs and is Ready, then the
+replacement the rollout makes never turns ready (the engine waits an hour before /ready), so every rollout
+waits in WaitingReady (podTimeoutSeconds: 3600) and its daemon stays alive for the whole test. (Pods that never
+ran are restarted by just replacing them: a rollout of Pending pods completes at once.)"""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,10 +21,18 @@ from qwen_hicache.spec import GROUP, PLURAL, VERSION
 from resources import example
 
 from harness.inprocess import operator_thread
+from harness.sim.cluster import SimCluster
 
 pytestmark = pytest.mark.integration
 HANDLER_THREADS = 3
 ROLLOUTS = HANDLER_THREADS + 1
+
+
+@pytest.fixture
+def sim(kube_api: client.ApiClient, namespace: str, tmp_path: Path) -> Iterator[SimCluster]:
+    with SimCluster(kube_api, tmp_path / "volumes", namespace) as cluster:
+        cluster.weights_claim(namespace)
+        yield cluster
 
 
 @pytest.fixture
@@ -35,6 +46,8 @@ def few_threads_operator(crd: None, devcluster: Any, monkeypatch: pytest.MonkeyP
 def _create(custom: client.CustomObjectsApi, ns: str, name: str) -> None:
     doc = example()
     doc["metadata"] = {"name": name, "namespace": ns}
+    doc["spec"]["replicas"] = 1
+    doc["spec"]["hicache"]["disk"] = {"enabled": False}  # no torch in the stand-in engines
     custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, doc)
 
 
@@ -44,18 +57,22 @@ def _has_sts(apps: client.AppsV1Api, ns: str, name: str) -> bool:
 
 def _rolling(custom: client.CustomObjectsApi, ns: str, name: str) -> bool:
     rs = (get_server(custom, ns, name).get("status") or {}).get("restart") or {}
-    return rs.get("phase") == "Rolling" and rs.get("id", "").endswith("/r1") and bool(rs.get("inFlight"))
+    return rs.get("phase") == "Rolling" and rs.get("id", "").endswith("/r1") and \
+        any(e["step"] == "WaitingReady" for e in rs.get("inFlight") or [])
 
 
 def test_new_resource_gets_its_statefulset_while_rollouts_wait(
-    few_threads_operator: None, kube_api: client.ApiClient, custom: client.CustomObjectsApi, namespace: str
+    few_threads_operator: None, sim: SimCluster, kube_api: client.ApiClient, custom: client.CustomObjectsApi,
+    namespace: str,
 ) -> None:
     apps = client.AppsV1Api(kube_api)
     busy = [f"busy-{i}" for i in range(ROLLOUTS)]
     for name in busy:
         _create(custom, namespace, name)
     for name in busy:
-        eventually(lambda n=name: _has_sts(apps, namespace, n), timeout=120)
+        sim.wait_ready(namespace, name, 1, timeout=180)
+    sim.engine_args.append("--sim-startup-seconds=3600")  # replacements never turn ready
+    for name in busy:
         custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, {"spec": {"restart": "r1"}})
     for name in busy:
         eventually(lambda n=name: _rolling(custom, namespace, n), timeout=120)
