@@ -32,6 +32,7 @@ from harness.deathsig import die_with_parent
 
 from .build import Binaries, DevClusterError, Log, ensure_built, tail
 
+SUPERVISED = ("kube-controller-manager", "kube-scheduler")
 SERVICE_CIDR = "10.96.0.0/12"
 SERVICE_IP = "10.96.0.1"  # the `kubernetes` Service's ClusterIP, first of SERVICE_CIDR
 ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -182,6 +183,9 @@ class DevCluster:
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: dict[str, IO[bytes]] = {}
         self._watchdog: subprocess.Popen[bytes] | None = None
+        self._cmds: dict[str, list[str]] = {}
+        self._supervisor: threading.Thread | None = None
+        self._unsupervise = threading.Event()
         self._bins: Binaries | None = None
 
     # ---- public ----
@@ -282,6 +286,10 @@ class DevCluster:
 
     def stop(self) -> None:
         """Stop every component and remove the run directory; safe to call more than once."""
+        self._unsupervise.set()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=10)
+            self._supervisor = None
         if self._watchdog is not None:
             self._watchdog.kill()
             self._watchdog.wait()
@@ -330,6 +338,9 @@ class DevCluster:
             write_kubeconfig(self._dir / f"{name}.kubeconfig", self.server, self.ca_cert, crt, key)
         self._spawn("kube-controller-manager", self._controller_manager_cmd())
         self._spawn("kube-scheduler", self._scheduler_cmd())
+        self._unsupervise.clear()
+        self._supervisor = threading.Thread(target=self._supervise, name="devcluster-supervisor", daemon=True)
+        self._supervisor.start()
         # the controller manager's root-CA publisher and service-account controller have run: it is working
         self._wait_ok("/api/v1/namespaces/default/configmaps/kube-root-ca.crt", deadline)
         self._wait_ok("/api/v1/namespaces/default/serviceaccounts/default", deadline)
@@ -393,7 +404,21 @@ class DevCluster:
         body = json.dumps(_STORAGE_CLASS).encode()
         self._request("POST", "/apis/storage.k8s.io/v1/storageclasses", body)
 
+    def _supervise(self) -> None:
+        """What a kubelet does for the control plane's static pods: a component that exits starts again. The
+        scheduler exits on purpose when its cache turns inconsistent (seen after an API server restart in the
+        middle of a binding); a control plane without a restart would schedule nothing from then on."""
+        while not self._unsupervise.wait(1.0):
+            for name in SUPERVISED:
+                proc = self._procs.get(name)
+                if proc is not None and proc.poll() is not None:
+                    self._log(f"devcluster: {name} exited with {proc.returncode}; starting it again")
+                    if (out := self._logs.pop(name, None)) is not None:
+                        out.close()
+                    self._spawn(name, self._cmds[name])
+
     def _spawn(self, name: str, cmd: list[str]) -> None:
+        self._cmds[name] = cmd
         out = open(self._dir / f"{name}.log", "ab")  # noqa: SIM115 - closed in _stop_proc
         self._logs[name] = out
         main = threading.current_thread() is threading.main_thread()  # the signal follows the forking thread

@@ -391,3 +391,12 @@ def test_rbac_is_enforced_for_other_identities(devcluster: DevCluster, namespace
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "r"},
         "subjects": [{"kind": "Group", "name": "team-a", "apiGroup": "rbac.authorization.k8s.io"}]})  # fmt: skip
     eventually(lambda: client.CoreV1Api(api).list_namespaced_pod(namespace).items == [])
+
+
+@integration
+def test_a_component_that_exits_is_started_again(devcluster: DevCluster) -> None:
+    """As the kubelet restarts static pods: the scheduler exits by design when its cache turns inconsistent."""
+    old = devcluster._procs["kube-scheduler"]
+    old.kill()
+    eventually(lambda: (new := devcluster._procs.get("kube-scheduler")) is not None and new is not old
+               and new.poll() is None, timeout=30)  # fmt: skip
