@@ -17,12 +17,14 @@ import re
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from harness.devcluster import DevCluster
+from harness.sim.cluster import SimCluster
 
 
 def _live_logger(pytestconfig: pytest.Config) -> Callable[[str], None]:
@@ -81,3 +83,11 @@ def crd(kube_api: client.ApiClient) -> None:
 @pytest.fixture
 def custom(kube_api: client.ApiClient) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(kube_api)
+
+
+@pytest.fixture
+def sim(kube_api: client.ApiClient, namespace: str, tmp_path: Path) -> Iterator[SimCluster]:
+    """Kubelet stand-ins for this test's namespace (with the admin's weights claim), volumes under tmp_path."""
+    with SimCluster(kube_api, tmp_path / "volumes", namespace) as cluster:
+        cluster.weights_claim(namespace)
+        yield cluster

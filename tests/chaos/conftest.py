@@ -15,7 +15,9 @@ from kubernetes import client
 from harness.sim.cluster import SimCluster
 
 sys.path.insert(0, str(Path(__file__).parent))
-from chaoslib import Fleet, OperatorProcess  # noqa: E402
+from chaoslib import Fleet  # noqa: E402
+
+from harness.operator_process import OperatorProcess  # noqa: E402
 
 
 @pytest.fixture(scope="module")

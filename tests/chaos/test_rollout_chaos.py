@@ -11,8 +11,10 @@ import time
 from typing import Any
 
 import pytest
-from chaoslib import Fleet, OperatorProcess, Sampler, engine_info
+from chaoslib import Fleet, Sampler, engine_info
 from kubernetes import client
+
+from harness.operator_process import OperatorProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 SOLO, TRIO = "solo", "trio"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,13 +25,6 @@ from harness.sim.cluster import SimCluster
 pytestmark = pytest.mark.integration
 HANDLER_THREADS = 3
 ROLLOUTS = HANDLER_THREADS + 1
-
-
-@pytest.fixture
-def sim(kube_api: client.ApiClient, namespace: str, tmp_path: Path) -> Iterator[SimCluster]:
-    with SimCluster(kube_api, tmp_path / "volumes", namespace) as cluster:
-        cluster.weights_claim(namespace)
-        yield cluster
 
 
 @pytest.fixture

@@ -1,0 +1,43 @@
+"""The operator as its own process (`qwen-hicache run --standalone`), for tests that SIGKILL or restart it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+class OperatorProcess:
+    """The operator as its own process (`qwen-hicache run --standalone`), so a test can SIGKILL it."""
+
+    def __init__(self, kubeconfig: Path, log: Path) -> None:
+        self.kubeconfig, self.log = kubeconfig, log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.kills = 0
+
+    def start(self) -> None:
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "qwen_hicache.cli", "run", "--standalone"],
+                                         env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no final status write."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.kills += 1
+
+    def ensure(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
