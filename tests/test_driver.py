@@ -155,3 +155,29 @@ def test_cancellation_is_not_swallowed(exc: type[BaseException]) -> None:
 
     with pytest.raises(exc):
         asyncio.run(driver.drive(fetch, lambda s: True, step, Clock().sleep, lambda: False, 2.0, LOG))
+
+
+def _pod(name: str, uid: str, rv: str) -> dict:
+    return {"metadata": {"name": name, "uid": uid, "resourceVersion": rv}}
+
+
+def test_world_mark_changes_with_the_resource_or_any_pod_and_ignores_list_order() -> None:
+    server = {"metadata": {"resourceVersion": "10"}}
+    pods = [_pod("s-0", "a", "1"), _pod("s-1", "b", "2")]
+    mark = driver.world_mark(server, pods)
+    assert driver.world_mark(server, pods[::-1]) == mark
+    assert driver.world_mark({"metadata": {"resourceVersion": "11"}}, pods) != mark  # spec or status written
+    assert driver.world_mark(server, [pods[0], _pod("s-1", "b", "3")]) != mark  # a pod's status moved
+    assert driver.world_mark(server, [pods[0], _pod("s-1", "c", "2")]) != mark  # a new incarnation
+    assert driver.world_mark(server, pods[:1]) != mark  # a pod is gone
+
+
+def test_quiet_gate_skips_only_an_unchanged_world_after_a_step_that_did_nothing() -> None:
+    gate = driver.QuietGate(full_every=10.0)
+    assert gate.due("m1", 0.0)  # the first step always runs
+    gate.stepped("m1", 0.0, acted=False)
+    assert not gate.due("m1", 2.0)  # nothing changed, nothing in flight: one pod list, no reconcile
+    assert gate.due("m2", 2.0)  # something changed
+    assert gate.due("m1", 10.0)  # timeouts are still noticed
+    gate.stepped("m1", 12.0, acted=True)
+    assert gate.due("m1", 14.0)  # a canary, delete or warm check was attempted: look again

@@ -14,8 +14,10 @@ import asyncio
 import contextvars
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+import math
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -38,6 +40,37 @@ class StepPool:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def world_mark(server: dict[str, Any], pods: Sequence[dict[str, Any]]) -> Hashable:
+    """What a rollout step's decision depends on, as seen by the API server: the resource (spec and status, by
+    resourceVersion) and every pod of it (incarnation and resourceVersion). Equal marks: nothing changed."""
+    def meta(o: dict[str, Any]) -> dict[str, Any]:
+        return o.get("metadata") or {}
+
+    return meta(server).get("resourceVersion"), tuple(sorted(
+        (meta(p).get("name"), meta(p).get("uid"), meta(p).get("resourceVersion")) for p in pods))
+
+
+@dataclass
+class QuietGate:
+    """Skip a rollout's full reconcile while nothing it depends on changed.
+
+    A rollout spends most of its life waiting for a pod to restart; a full reconcile per poll (every child
+    read, the plan, the status diff) for each of 50 rollouts saturated the API server and the operator and
+    delayed everything else (a new resource waited 12.9 s for its StatefulSet). A poll now costs one pod list
+    when the world is unchanged. A full step still runs when the last one acted (a canary, a delete, a warm
+    check: its effect may show only in the engine) and at least every `full_every` seconds (timeouts)."""
+
+    full_every: float
+    _mark: Hashable = None
+    _at: float = -math.inf
+
+    def due(self, mark: Hashable, now: float) -> bool:
+        return self._mark is None or mark != self._mark or now - self._at >= self.full_every
+
+    def stepped(self, mark: Hashable, now: float, acted: bool) -> None:
+        self._mark, self._at = (None if acted else mark), now
 
 
 def retry_delay(failures: int, schedule: Sequence[float] = RETRY_SECONDS) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from typing import Any
 
 import kopf
@@ -13,14 +14,17 @@ from pydantic import ValidationError
 from . import driver, metrics, reconciler, rollout
 from .kube import Kube, load_api_client
 from .plan import parse_spec
-from .render import MANAGER
+from .render import MANAGER, selector
 from .spec import GROUP, PLURAL, VERSION
 
 RESYNC_SECONDS = float(os.environ.get("QWEN_HICACHE_RESYNC_SECONDS", "60"))
 ROLLOUT_POLL_SECONDS = float(os.environ.get("QWEN_HICACHE_ROLLOUT_POLL_SECONDS", "2"))
 ROLLOUT_WORKERS = int(os.environ.get("QWEN_HICACHE_ROLLOUT_WORKERS", "8"))
+ROLLOUT_FULL_STEP_SECONDS = float(os.environ.get("QWEN_HICACHE_ROLLOUT_FULL_STEP_SECONDS", "10"))
+CREATE_WORKERS = int(os.environ.get("QWEN_HICACHE_CREATE_WORKERS", "2"))
 _kube: Kube | None = None
 _steps: driver.StepPool | None = None
+_creates: driver.StepPool | None = None
 
 
 def steps() -> driver.StepPool:
@@ -29,6 +33,15 @@ def steps() -> driver.StepPool:
     if _steps is None:
         _steps = driver.StepPool(ROLLOUT_WORKERS)
     return _steps
+
+
+def creates() -> driver.StepPool:
+    """Threads for first reconciles of new resources only. Kopf's executor is one FIFO queue: 50 restarts at
+    once put 50 full reconciles of existing servers in front of a new one (measured: 8 s of its 13 s)."""
+    global _creates
+    if _creates is None:
+        _creates = driver.StepPool(CREATE_WORKERS, name="create")
+    return _creates
 
 
 def kube() -> Kube:
@@ -69,20 +82,26 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.scanning.disabled = True
 
 
-def _run(body: Any, logger: logging.Logger) -> None:
+def _run(body: Any, logger: logging.Logger) -> reconciler.Outcome:
     with metrics.track_reconcile(body["metadata"]["namespace"], body["metadata"]["name"]):
         outcome = reconciler.reconcile(kube(), dict(body), post_event)
         if outcome.applied or outcome.status_written:
             logger.info("reconciled: applied=%s status_written=%s", outcome.applied, outcome.status_written)
         if outcome.error:
             raise kopf.TemporaryError(outcome.error, delay=30)
+        return outcome
+
+
+@kopf.on.create(GROUP, VERSION, PLURAL)
+async def create_resource(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+    """A new resource: its first reconcile runs in its own lane, never queued behind updates of others."""
+    await creates().run(_run, body, logger)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
 def reconcile_resource(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
-    """Spec changes, creation and operator restarts."""
+    """Spec changes and operator restarts."""
     _run(body, logger)
 
 
@@ -116,9 +135,18 @@ async def drive_rollout(stopped: kopf.DaemonStopped, name: str, namespace: str, 
                         **_: Any) -> None:
     """Poll quickly while a rollout runs (pods restart on their own schedule); stops when it completes.
     Async: it waits on the event loop, and each step holds a thread of `steps()` only while it runs."""
+    gate = driver.QuietGate(ROLLOUT_FULL_STEP_SECONDS)
+
     def wanted(server: dict[str, Any]) -> bool:
         return rollout_wanted(server.get("spec") or {}, server.get("status"))
 
+    async def step(server: dict[str, Any]) -> None:
+        pods = await steps().run(kube().list, "v1", "Pod", namespace, selector(name))
+        mark, now = driver.world_mark(server, pods), time.monotonic()
+        if gate.due(mark, now):
+            outcome = await steps().run(_run, server, logger)
+            gate.stepped(mark, now, acted=outcome.rollout_actions > 0)
+
     await driver.drive(fetch=lambda: steps().run(kube().get_server, namespace, name), wanted=wanted,
-                       step=lambda server: steps().run(_run, server, logger), sleep=stopped.wait,
-                       stopped=lambda: bool(stopped), poll=ROLLOUT_POLL_SECONDS, log=logger)
+                       step=step, sleep=stopped.wait, stopped=lambda: bool(stopped), poll=ROLLOUT_POLL_SECONDS,
+                       log=logger)

@@ -40,6 +40,8 @@ class Outcome:
     applied: list[str] = field(default_factory=list)
     status_written: bool = False
     error: str | None = None
+    rollout_actions: int = 0
+    """Side effects the rollout attempted (canary, delete, warm check): the next step must look again."""
 
 
 _locks: dict[tuple[str, str], threading.Lock] = {}
@@ -52,12 +54,17 @@ def _lock_for(namespace: str, name: str) -> threading.Lock:
         return _locks.setdefault((namespace, name), threading.Lock())
 
 
-def _apply_children(kube: Kube, objects: list[Obj], outcome: Outcome) -> Obj | None:
+Seen = dict[tuple[str, str], Obj | None]
+"""Children already read in this reconcile, by (kind, name): each is read once per pass."""
+
+
+def _apply_children(kube: Kube, objects: list[Obj], outcome: Outcome, seen: Seen) -> Obj | None:
     """Apply what drifted; return the live StatefulSet (as applied or as found)."""
     sts = None
     for obj in objects:
         meta = obj["metadata"]
-        live = kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        key = (obj["kind"], meta["name"])
+        live = seen[key] if key in seen else kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
         if not drift.is_applied(obj, live):
             live = kube.apply(obj)
             outcome.applied.append(f"{obj['kind']}/{meta['name']}")
@@ -140,11 +147,12 @@ def _policy(p: Plan) -> rollout.Policy:
                           ro.require_warm_start and p.spec.hicache.disk.enabled, p.cache.get("fingerprint", ""))
 
 
-def _run_rollout(kube: Kube, body: Obj, p: Plan, pods: list[Obj], now: str) -> Obj:
+def _run_rollout(kube: Kube, body: Obj, p: Plan, pods: list[Obj], now: str, outcome: Outcome) -> Obj:
     """Advance the restart state machine one step and perform its side effects."""
     meta, old = body["metadata"], body.get("status") or {}
     views = [rollout.PodView.from_pod(pod) for pod in pods]
     rs, actions = rollout.plan_rollout(old.get("restart"), views, p.target, p.spec.replicas, _policy(p), now)
+    outcome.rollout_actions = len(actions)
     port, prompt = p.spec.runtime.port, rollout.canary_prompt(meta["name"])
     for act in actions:
         if act.kind == "canary":
@@ -185,15 +193,18 @@ def reconcile(kube: Kube, body: Obj, post_event: EventSink, now: str | None = No
         return _reconcile_locked(kube, fresh, post_event, now or utc_now())
 
 
-def _converge(kube: Kube, body: Obj, p: Plan, outcome: Outcome, now: str) -> Observed:
+def _converge(kube: Kube, body: Obj, p: Plan, outcome: Outcome, now: str, seen: Seen) -> Observed:
     """Apply children, keep the cache bookkeeping, advance a rollout; report what was seen."""
     meta, old = body["metadata"], body.get("status") or {}
-    sts = _apply_children(kube, [o for o in p.objects if not router.is_manifest(o)], outcome)
+    children = [o for o in p.objects if not router.is_manifest(o)]
+    if not old:  # never reconciled: nothing to compare with, apply without reading first (creation is faster)
+        seen = {(o["kind"], o["metadata"]["name"]): None for o in children} | seen
+    sts = _apply_children(kube, children, outcome, seen)
     secret = _ensure_admin_secret(kube, meta, old, outcome)
     history = _annotate_claims(kube, meta, p.cache["fingerprint"], p.spec.hicache.disk.keep_old_namespaces) \
         if p.cache else ()
     pods = kube.list("v1", "Pod", meta["namespace"], render.selector(meta["name"]))
-    restart = _run_rollout(kube, body, p, pods, now)
+    restart = _run_rollout(kube, body, p, pods, now, outcome)
     routing = router.sync(kube, meta, p.spec, restart, old.get("router"))  # seam "after warm check": listed again
     return Observed(sts=sts, restart=restart, pod_problems=_pod_problems(pods), admin_secret=secret, router=routing,
                     disk_usage=_disk_usage(p, pods), claim_history=history)
@@ -235,7 +246,7 @@ def _expand_claims(kube: Kube, meta: Obj, size: str) -> str | None:
     return None
 
 
-def _disk_step(kube: Kube, body: Obj, p: Plan, post_event: EventSink, outcome: Outcome) -> Plan:
+def _disk_step(kube: Kube, body: Obj, p: Plan, post_event: EventSink, outcome: Outcome, seen: Seen) -> Plan:
     """A changed disk tier as a real operation (see disk_change): expand claims, re-create the StatefulSet
     without its pods, or refuse with the reason. The new set is applied once the old one is gone."""
     meta = body["metadata"]
@@ -245,7 +256,7 @@ def _disk_step(kube: Kube, body: Obj, p: Plan, post_event: EventSink, outcome: O
     desired = next((o for o in p.objects if is_serving_set(o)), None)
     if desired is None:
         return p
-    live = kube.get("apps/v1", "StatefulSet", meta["namespace"], meta["name"])
+    live = seen[("StatefulSet", meta["name"])] = kube.get("apps/v1", "StatefulSet", meta["namespace"], meta["name"])
     later = replace(p, objects=[o for o in p.objects if not is_serving_set(o)])
     if live is not None and live["metadata"].get("deletionTimestamp"):
         return later  # being orphaned: its deletion event triggers the reconcile that applies the new set
@@ -278,9 +289,10 @@ def _reconcile_locked(kube: Kube, body: Obj, post_event: EventSink, now: str) ->
     obs = Observed()
     if not p.blocked:
         try:
-            p = _disk_step(kube, body, p, post_event, outcome)
+            seen: Seen = {}
+            p = _disk_step(kube, body, p, post_event, outcome, seen)
             if not p.blocked:
-                obs = _converge(kube, body, p, outcome, now)
+                obs = _converge(kube, body, p, outcome, now, seen)
         except (ApiException, DynamicApiError) as err:
             outcome.error = f"reconcile failed: {getattr(err, 'reason', '')} {getattr(err, 'body', err)}"
             obs = Observed(apply_error=outcome.error, restart=old.get("restart"), router=old.get("router"))
