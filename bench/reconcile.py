@@ -21,8 +21,6 @@ import concurrent.futures
 import copy
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +39,7 @@ from qwen_hicache.spec import GROUP, PLURAL, VERSION  # noqa: E402
 
 from harness.demo import install_crd  # noqa: E402 - after the path fix for a non-installed checkout
 from harness.devcluster import DevCluster  # noqa: E402
+from harness.operator_process import OperatorProcess  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "qwenhicache.yaml"
 BENCH_AGENT = "qwen-hicache-bench/1"
@@ -183,26 +182,6 @@ class Result:
     noop_breakdown: collections.Counter[tuple[str, str, str]] = field(default_factory=collections.Counter)
 
 
-def start_operator(cluster: DevCluster, resync: float, workdir: Path) -> subprocess.Popen[bytes]:
-    """The real CLI entry point in its own process, logging to a file (its RSS must not include ours)."""
-    exe = Path(sys.executable).with_name("qwen-hicache")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "qwen_hicache.cli"]
-    env = {**os.environ, **cluster.env(), "QWEN_HICACHE_RESYNC_SECONDS": str(resync), "PYTHONUNBUFFERED": "1"}
-    log = (workdir / "operator.log").open("wb")
-    return subprocess.Popen([*cmd, "run", "--standalone"], env=env, stdout=log, stderr=subprocess.STDOUT)
-
-
-def stop_operator(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM (Kopf shuts down cleanly), SIGKILL if it hangs."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def run_once(n: int, namespaces: int, resync: float, threads: int, timeout: float, keep_logs: bool) -> Result:
     """One fresh cluster + operator; apply N, wait to converge, then watch >= 2 resync periods of no-op."""
     res = Result(n)
@@ -214,7 +193,9 @@ def run_once(n: int, namespaces: int, resync: float, threads: int, timeout: floa
         core = client.CoreV1Api(api)
         for i in range(namespaces):
             core.create_namespace({"metadata": {"name": f"bench-{i}"}})
-        proc = start_operator(cluster, resync, workdir)
+        operator = OperatorProcess(cluster.kubeconfig, workdir / "operator.log",
+                                   env={"QWEN_HICACHE_RESYNC_SECONDS": str(resync)})
+        proc = operator.start()
         try:
             op = psutil.Process(proc.pid)
 
@@ -245,7 +226,7 @@ def run_once(n: int, namespaces: int, resync: float, threads: int, timeout: floa
             res.noop_window_s = time.monotonic() - w0
             res.peak_rss_kib = proc_kib(proc.pid, "VmHWM")
         finally:
-            stop_operator(proc)
+            operator.stop()
         log = server_requests(cluster)
     until = [r for r in log[i0:i1] if r.by_operator]
     res.requests, res.writes = len(until), sum(r.write for r in until)

@@ -20,13 +20,10 @@ import argparse
 import concurrent.futures
 import copy
 import math
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +37,8 @@ from qwen_hicache.spec import GROUP, PLURAL, VERSION  # noqa: E402
 
 from harness.demo import install_crd  # noqa: E402 - after the path fix for a non-installed checkout
 from harness.devcluster import DevCluster  # noqa: E402
+from harness.operator_process import OperatorProcess  # noqa: E402
+from harness.polling import wait_for  # noqa: E402
 from harness.sim.cluster import SimCluster  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "qwenhicache.yaml"
@@ -56,18 +55,6 @@ def server_doc(name: str) -> dict[str, Any]:
     spec["runtime"]["maxRequestSeconds"] = 2
     spec["rollout"] = {"podTimeoutSeconds": 600}
     return doc
-
-
-def wait(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if got := check():
-                return got
-        except client.ApiException:
-            pass
-        time.sleep(interval)
-    raise TimeoutError(f"not reached within {timeout:.0f}s: {what}")
 
 
 class Bench:
@@ -91,7 +78,7 @@ class Bench:
         """Seconds from creating `name` until its StatefulSet exists."""
         began = time.monotonic()
         self.create(name)
-        wait(f"StatefulSet {name}", lambda: self.has_sts(name), timeout, interval=0.05)
+        wait_for(lambda: self.has_sts(name), f"StatefulSet {name}", timeout, interval=0.05)
         return time.monotonic() - began
 
     def up(self, names: list[str], timeout: float) -> None:
@@ -129,7 +116,8 @@ def roll_all(bench: Bench, names: list[str], value: str, probe: str | None, time
         latency = bench.sts_latency(probe, timeout=120)
     results = {}
     for name in names:
-        results[name] = wait(f"rollout of {name}", lambda n=name: bench.finished(n, value), timeout, interval=0.5)
+        results[name] = wait_for(lambda n=name: bench.finished(n, value), f"rollout of {name}", timeout,
+                                 interval=0.5)
     wall = time.monotonic() - began
     per = [rollout_seconds(rs) for rs in results.values() if rs["phase"] == "Complete"] or [0.0]
     complete = sum(rs["phase"] == "Complete" for rs in results.values())
@@ -157,14 +145,6 @@ def table(alone: dict[str, Any], idle_latency: float, many: dict[str, Any], n: i
     return "\n".join(lines)
 
 
-def start_operator(cluster: DevCluster, workdir: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, **cluster.env(), "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO), os.environ.get("PYTHONPATH", "")])}
-    log = (workdir / "operator.log").open("wb")
-    return subprocess.Popen([sys.executable, "-m", "qwen_hicache.cli", "run", "--standalone"], env=env,
-                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-
-
 def run(servers: int, timeout: float, workdir: Path) -> int:
     quiet = lambda msg: None  # noqa: E731 - DevCluster's chatter would break the table
     with DevCluster(log=quiet) as cluster:
@@ -174,7 +154,8 @@ def run(servers: int, timeout: float, workdir: Path) -> int:
         nodes = math.ceil((servers + 3) * 2 / 8) + 1  # the example's pods ask for 2 GPUs; 8 per node
         with SimCluster(api, workdir / "volumes", NAMESPACE, nodes=nodes) as sim:
             sim.weights_claim(NAMESPACE)
-            op = start_operator(cluster, workdir)
+            op = OperatorProcess(cluster.kubeconfig, workdir / "operator.log")
+            op.start()
             try:
                 bench = Bench(api, sim)
                 bench.up(["solo"], timeout=180)
@@ -184,8 +165,7 @@ def run(servers: int, timeout: float, workdir: Path) -> int:
                 bench.up(names, timeout=max(180, servers * 6))
                 many = roll_all(bench, names, "many", "probe-busy", timeout)
             finally:
-                op.terminate()
-                op.wait(30)
+                op.stop()
     print(f"bench/rollouts.py: {servers} servers (1 replica each, no disk tier), real control plane, "
           f"kubelet stand-ins on {nodes} nodes, operator as a subprocess")
     print(table(alone, idle_latency, many, servers))

@@ -12,7 +12,7 @@ from qwen_hicache.cli import offline_meta
 from qwen_hicache.plan import plan
 from qwen_hicache.reconciler import _merge_diff, _status_delta
 from qwen_hicache.rollout import PodView, Policy, baseline_read, canary_sent, deleted, plan_rollout, target_of, verified
-from qwen_hicache.status import Observed, build_status
+from qwen_hicache.status import POD_FAILING, Observed, PodProblem, build_status
 from qwen_hicache.status_model import validate_status
 from resources import example, variant
 from test_router import META, FakeKube, _router_pod
@@ -76,10 +76,13 @@ def _statuses(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
         for restart in _rollouts(target_of(p.spec)):
             obs = Observed(sts={"status": {"readyReplicas": 1}}, restart=restart, admin_secret="flash-next-admin",
                            router=_router_status(monkeypatch, restart), disk_usage=usage,
-                           pod_problems=("pod flash-next-0: init container cache-guard exited 3: foreign cache",))
+                           pod_problems=(PodProblem(POD_FAILING, GUARD_FAILED),))
             first = build_status(p, obs, out[-1], 2, T[10])
             out += [first, build_status(p, replace_usage(obs), first, 2, T[11])]
     return out
+
+
+GUARD_FAILED = "pod flash-next-0: init container cache-guard exited 3: foreign cache"
 
 
 def replace_usage(obs: Observed) -> Observed:

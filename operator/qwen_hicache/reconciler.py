@@ -21,7 +21,7 @@ from .conditions import transitions
 from .kube import Kube
 from .plan import Plan, plan
 from .sizing import parse_quantity
-from .status import CRASH_LOOP_PREFIX, Observed, build_status, conditions_for
+from .status import CRASH_LOOPING, POD_FAILING, Observed, PodProblem, build_status, conditions_for
 
 Obj = dict[str, Any]
 EventSink = Callable[[Obj, str, str, str], None]
@@ -112,7 +112,7 @@ def _annotate_claims(kube: Kube, meta: Obj, fingerprint: str, keep: int) -> tupl
     return claim_history.previous_on_claims(claims, fingerprint)
 
 
-def _pod_problems(pods: list[Obj]) -> tuple[str, ...]:
+def _pod_problems(pods: list[Obj]) -> tuple[PodProblem, ...]:
     """Init-container failures (e.g. the cache guard refusing a directory of another configuration) and
     containers in a crash loop, each with the container's last message (its log tail on an error exit)."""
     out = []
@@ -121,12 +121,14 @@ def _pod_problems(pods: list[Obj]) -> tuple[str, ...]:
         for st in status.get("initContainerStatuses") or []:
             term = (st.get("state") or {}).get("terminated") or {}
             if term.get("exitCode"):
-                out.append(f"pod {name}: init container {st['name']} exited {term['exitCode']}{_detail(term)}")
+                out.append(PodProblem(POD_FAILING, f"pod {name}: init container {st['name']} exited "
+                                                   f"{term['exitCode']}{_detail(term)}"))
         for st in status.get("containerStatuses") or []:
             if ((st.get("state") or {}).get("waiting") or {}).get("reason") == CRASH_LOOP:
                 last = (st.get("lastState") or {}).get("terminated") or {}
-                out.append(f"{CRASH_LOOP_PREFIX} pod {name}: container {st['name']} restarted "
-                           f"{st.get('restartCount', 0)} times, last exit {last.get('exitCode', '?')}{_detail(last)}")
+                out.append(PodProblem(CRASH_LOOPING, f"pod {name}: container {st['name']} in a crash loop, restarted "
+                                      f"{st.get('restartCount', 0)} times, last exit {last.get('exitCode', '?')}"
+                                      f"{_detail(last)}"))
     return tuple(out)
 
 

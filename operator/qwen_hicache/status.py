@@ -18,8 +18,16 @@ from .conditions import Condition, merge
 from .plan import Plan
 
 Obj = dict[str, Any]
-CRASH_LOOP_PREFIX = "crash loop:"
-"""Starts a pod problem that is a container in CrashLoopBackOff (Degraded reason CrashLooping)."""
+CRASH_LOOPING, POD_FAILING = "CrashLooping", "PodFailing"
+
+
+@dataclass(frozen=True)
+class PodProblem:
+    """A pod's trouble as Degraded reports it: `reason` is CRASH_LOOPING (a container in CrashLoopBackOff) or
+    POD_FAILING (an init container failed, e.g. the cache guard refused a directory)."""
+
+    reason: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -29,7 +37,7 @@ class Observed:
     sts: Obj | None = None
     restart: Obj | None = None
     apply_error: str | None = None
-    pod_problems: tuple[str, ...] = ()
+    pod_problems: tuple[PodProblem, ...] = ()
     admin_secret: str | None = None
     router: Obj | None = None
     disk_usage: tuple[tuple[str, Obj | None], ...] = ()
@@ -138,9 +146,9 @@ def _workload(plan: Plan, obs: Observed) -> list[Condition]:
     if rs.get("phase") == "Paused":
         degraded = Condition("Degraded", "True", rs["reason"], rs["message"])
     elif obs.pod_problems:
-        looping = any(p.startswith(CRASH_LOOP_PREFIX) for p in obs.pod_problems)
-        degraded = Condition("Degraded", "True", "CrashLooping" if looping else "PodFailing",
-                             "; ".join(obs.pod_problems))
+        looping = any(p.reason == CRASH_LOOPING for p in obs.pod_problems)
+        degraded = Condition("Degraded", "True", CRASH_LOOPING if looping else POD_FAILING,
+                             "; ".join(p.message for p in obs.pod_problems))
     else:
         degraded = Condition("Degraded", "False", "AsExpected", "")
     if rs.get("phase") == "Rolling":
