@@ -4,8 +4,9 @@
 
 Upstream #33714 reports that on 0.5.x a prompt whose extend exceeds the chunked-prefill size is never backed
 up (``_inc_hit_count_and_check`` returning False for chunked inserts). This drives 0.5.23's
-``UnifiedTreeCore.begin_insert`` as ``cache_unfinished_req`` does for each chunk of a 384-token prompt with a
-128-token chunk (``inserted_len`` = what the request inserted before), on a tree with the FULL component
+``UnifiedTreeCore.begin_insert`` for each chunk of a 384-token prompt in 128-token chunks, with the
+``InsertParams`` ``UnifiedRadixCache.checkpoint_into_tree`` builds (``prev_prefix_len`` = the protected length,
+``inserted_len`` = what the request inserted before), on a tree with the FULL component
 (the backup decision is the tree core's: ``_finish_insert_walk_node`` / ``_should_backup_after_insert`` ->
 ``_inc_hit_count_and_check``; no component is consulted for it), with HiCache on and the write-through
 threshold the cache sets for ``write_through`` (1) and ``write_through_selective`` (2), and prints the
