@@ -7,7 +7,7 @@ from qwen_hicache.fingerprint import FINGERPRINT_VERSION, fingerprint, fingerpri
 from qwen_hicache.plan import parse_spec
 from resources import example, variant
 
-GOLDEN_EXAMPLE = "v1-294b2bdb43fa7478"
+GOLDEN_EXAMPLE = "v1-4870dffc9cd01bd0"
 
 
 def _fp(**changes: object) -> str:

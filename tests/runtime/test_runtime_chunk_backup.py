@@ -1,0 +1,52 @@
+"""Hybrid backup gap (a), upstream #33714 (a prompt longer than the chunked-prefill size is never backed up): not in
+0.5.23, pinned here. chunk_backup_probe.py runs the tree's own UnifiedTreeCore on CPU for each chunk insert of a
+384-token prompt in 128-token chunks; no patch touches this code, so parent and patched must agree."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+NODES = [[0, 128], [128, 256], [256, 384]]
+
+
+def chunk_backups(tree: Path) -> dict:
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "chunk_backup_probe.py"), str(tree)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def reports(parent_tree: Path, patched_tree: Path) -> dict:
+    return {"parent": chunk_backups(parent_tree), "patched": chunk_backups(patched_tree)}
+
+
+def test_trees_agree(reports: dict):
+    assert reports["parent"] == reports["patched"]
+
+
+def test_write_through_backs_up_each_chunk_at_its_own_insert(reports: dict):
+    """Threshold 1: every chunk's insert emits a BackupKV ending in the node that chunk added (the chain also names
+    the earlier chunks' nodes only because the probe never applies the backups)."""
+    chunks = reports["patched"]["write_through"][:3]
+    assert [c["chunk_end"] for c in chunks] == [128, 256, 384]
+    for i, chunk in enumerate(chunks):
+        assert chunk["backups"] == [NODES[: i + 1]], chunk
+
+
+def test_selective_write_through_counts_chunk_nodes_like_any_other(reports: dict):
+    """Threshold 2: one pass backs up nothing (each node hit once, chunked or not); the next request with the same
+    prompt hits every chunk's node a second time and backs each up."""
+    runs = reports["patched"]["write_through_selective"]
+    assert all(c["backups"] == [] for c in runs[:3])
+    assert runs[3]["second_request"] is True
+    assert [chain[-1] for chain in runs[3]["backups"]] == NODES
