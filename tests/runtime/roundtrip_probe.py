@@ -21,9 +21,9 @@ Write and read run in separate interpreters (a restart). Everything is 0.5.23's 
   host layer; side states ride on layer 0 through ``_transfer_slot_states``), with
   ``io_backend="kernel_ascend"``: off NPU ``transfer_mamba_state`` is None, so that backend is the pool's
   pure-torch "sync" fallback (``index_select`` / ``index_copy_`` over the page-first host layout, the draft
-  layers packed behind the target's). On the H200 the ``"kernel"`` backend moves SSM/conv with the CUDA JIT
-  kernels ``transfer_kv_mamba_lf_pf`` / ``_pf_lf`` instead (not importable here); the host layout, layer
-  packing and side-state copy are the same code.
+  layers packed behind the target's). On CUDA the ``kernel`` / ``direct`` backends move SSM/conv with CUDA
+  kernels instead (JIT ``transfer_kv_mamba_lf_pf`` / ``_pf_lf``, sgl_kernel ``transfer_kv_*direct*``; not run
+  here); the host layout, the draft-layer packing and the side-state copy are the same code.
 - Filled directly on the host (their only device<->host copies are CUDA/NPU kernels: sgl_kernel
   ``transfer_kv_*`` / JIT ``transfer_hicache_*`` for KV, ``transfer_kv_*_mla`` / ``transfer_cache_dsv4_mla``
   for the QSA rows): KV (K and V) and QSA compressed keys (target and draft); compared on the host rows.
