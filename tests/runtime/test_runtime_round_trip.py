@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -112,14 +113,6 @@ def round_trip(tree: Path, work: Path) -> dict:
     return out
 
 
-@pytest.fixture
-def patched_copy(patched_tree: Path, tmp_path: Path) -> Path:
-    """A private copy of the patched tree (the parent plus the series: what ships) a test may doctor."""
-    site = tmp_path / "site"
-    shutil.copytree(patched_tree, site)
-    return site
-
-
 @pytest.fixture(scope="session")
 def patched_round_trip(patched_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     return round_trip(patched_tree, tmp_path_factory.mktemp("roundtrip"))
@@ -141,17 +134,40 @@ def test_pages_are_checksummed_files(patched_round_trip: dict, patched_tree: Pat
     assert page_bytes["mamba"] == ssm_conv + 3 * 5 * 2 + 7 * 8  # + PLE conv window (bf16) + n-gram context (int64)
 
 
+@pytest.fixture(scope="module")
+def doctored_round_trips(patched_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Each REVERTED item's round trip on its own copy of the patched tree (parent + series: what ships).
+
+    The cases are independent interpreters, so they run side by side (up to 4)."""
+    items = sorted(REVERTED)
+    bases = {item: tmp_path_factory.mktemp("doctored") for item in items}
+
+    def run(item: str) -> dict:
+        path, old, new, _ = REVERTED[item]
+        site = bases[item] / "site"
+        shutil.copytree(patched_tree, site)
+        target = site / path
+        text = target.read_text()
+        if text.count(old) != 1:
+            return {"anchor": f"{item}: anchor not unique in {path}"}
+        target.write_text(text.replace(old, new))
+        try:
+            return round_trip(site, bases[item] / "work")
+        finally:
+            shutil.rmtree(site)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+        return dict(zip(items, pool.map(run, items), strict=True))
+
+
 @pytest.mark.parametrize("item", sorted(REVERTED))
-def test_reverting_a_relied_on_piece_fails_by_component(item: str, patched_copy: Path, tmp_path: Path):
+def test_reverting_a_relied_on_piece_fails_by_component(item: str, doctored_round_trips: dict):
     """The patched tree with one piece reverted: the named components differ (or the named error is raised).
 
     The probe must otherwise run through: a crash elsewhere would not show that the guard sees the revert."""
-    path, old, new, failing = REVERTED[item]
-    target = patched_copy / path
-    text = target.read_text()
-    assert text.count(old) == 1, f"{item}: anchor not unique in {path}"
-    target.write_text(text.replace(old, new))
-    out = round_trip(patched_copy, tmp_path / "work")
+    failing = REVERTED[item][3]
+    out = doctored_round_trips[item]
+    assert "anchor" not in out, out["anchor"]
     if isinstance(failing, tuple):
         phase, error = failing
         assert out.get("phase") == phase and error in out["error"], out
