@@ -2,10 +2,11 @@
 
 sglang 0.5.23 already carries all five (runtime_patches/README.md says where);
 these tests fail if a future parent loses one. #38851 (gather) and #36743 (Mamba
-COW fence) are run on CPU by backport_probe.py. #38290 lives in a GPU-only
-Triton kernel (its wait is a PTX griddepcontrol op) and a CUDA source file, so
-it is checked structurally: the wait must precede the bias/score loads inside
-the kernel's own body. Every guard is shown to fail on a doctored copy.
+COW fence) are run on CPU by backport_probe.py. #38290 lives in two GPU-only
+Triton kernels (the generic router and the SM 12.0 top-22 router; the wait is a
+PTX griddepcontrol op) and a CUDA source file, so it is checked structurally:
+the wait must precede the bias/score loads inside each kernel's own body. Every
+guard is shown to fail on a doctored copy.
 """
 
 from __future__ import annotations
@@ -162,9 +163,9 @@ def function(source: str, name: str) -> ast.FunctionDef:
     return next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef) and n.name == name)
 
 
-def router_triton_problems(source: str) -> list[str]:
+def router_triton_problems(source: str, kernel: str = "_router_triton_kernel") -> list[str]:
     """_router_triton_kernel: gdc_wait() must come before every tl.load (bias, token bias, scores, ...)."""
-    fn = function(source, "_router_triton_kernel")
+    fn = function(source, kernel)
     calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call)]
     waits = [c.lineno for c in calls if ast.unparse(c.func) == "tl.extra.cuda.gdc_wait"]
     loads = [(c.lineno, ast.unparse(c.args[0])) for c in calls if ast.unparse(c.func) == "tl.load" and c.args]
@@ -173,6 +174,11 @@ def router_triton_problems(source: str) -> list[str]:
     if not any("bias_ptr" in arg for _, arg in loads):
         return ["bias load not found"]
     return [f"tl.load({arg}) at line {line} before the wait" for line, arg in loads if line < min(waits)]
+
+
+def router_sm120_problems(source: str) -> list[str]:
+    """_sm120_router_top22_kernel (the SM 12.0 small-batch top-22 router, same file): the same wait-first order."""
+    return router_triton_problems(source, "_sm120_router_top22_kernel")
 
 
 def cuda_body(source: str, signature: str) -> str:
@@ -251,6 +257,7 @@ STRUCTURAL = {
     ),
     "#38290 Triton router waits before bias load": (ROUTER_TRITON, router_triton_problems),
     "#38290 radix router waits before bias load": (ROUTER_RADIX, router_radix_problems),
+    "#38290 sm120 top-22 router waits before bias load": (ROUTER_TRITON, router_sm120_problems),
     "#38851 strided decode gather zero-fills": (QSA_BACKEND, strided_gather_problems),
     "#36743 deferred COW uses the fenced copy": (MODEL_RUNNER, deferred_cow_problems),
 }
@@ -267,6 +274,14 @@ DOCTORED = {  # [(old, new), ...]: the parent with the fix undone (the pre-fix o
     "#38290 Triton router waits before bias load": [
         (WAIT + "\n", ""),
         ("    live_m = mask_m\n", WAIT + "    live_m = mask_m\n"),
+    ],
+    "#38290 sm120 top-22 router waits before bias load": [
+        (
+            WAIT + "    scores = tl.load(scores_ptr + row * stride_sm + n * stride_sn).to(tl.float32)\n"
+            "    bias = tl.load(bias_ptr + n).to(tl.float32)\n",
+            "    scores = tl.load(scores_ptr + row * stride_sm + n * stride_sn).to(tl.float32)\n"
+            "    bias = tl.load(bias_ptr + n).to(tl.float32)\n" + WAIT,
+        )
     ],
     "#38290 radix router waits before bias load": [
         (
