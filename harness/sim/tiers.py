@@ -11,7 +11,7 @@ KV by the file backend's ``_generic_page_set``), and at SIGTERM ``UnifiedRadixCa
 attributes (``attach_storage_backend``'s for the file backend, no prefetch threads), one storage operation
 per page, and the scheduler's ack step (``ongoing_backup`` entries leave once every rank acked, as the
 rank-consensus minimum does). What is simulated: the host pools (``PagePayloads``: no tensors kept; after
-the release they refuse reads, as freed host memory would be gone) and the write time (``write_delay``).
+the release a read never returns, as the process exits right after it) and the write time (``write_delay``).
 
 Pages are real tensors of a small fixed geometry per pool -- KV, ``.indexer`` (all pages) and
 ``.mamba`` (only at the last page of each stored prefix, as the hybrid model's trailing-state pool
@@ -110,8 +110,10 @@ class PagePayloads:
         self.released = False
 
     def get_data_page(self, index: Any, flat: bool = True) -> torch.Tensor:
-        if self.released:  # the graceful exit released the host pools: nothing is left to write from
-            raise RuntimeError(f"host {self.pool} pool of rank {self.rank} released")
+        if self.released:
+            # The graceful exit released the host pools, and the runtime's process exits right after: a backup
+            # thread still running (the parent's) writes nothing more, and acks nothing, until the exit takes it.
+            threading.Event().wait()
         key = self.tier.slots[int(index) // self.page_size]
         return torch.frombuffer(bytearray(self.tier.expected(key, self.pool, self.rank)), dtype=torch.uint8)
 
