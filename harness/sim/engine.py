@@ -5,17 +5,23 @@
 It takes the runtime's argv (unknown flags are ignored) and serves the part of SGLang 0.5.23's HTTP
 contract the operator uses: ``GET /health`` and ``GET /ready`` (503 while starting or after
 SIGTERM), ``GET /metrics`` (the runtime's metric names; labelled counters appear after their first
-increment), ``POST /flush_cache?timeout=N`` (admin key when ``--admin-api-key``; waits for the
-disk backup queue, then clears device and host; 400 on timeout), ``POST /generate`` (byte-level
-tokens, deterministic text, ``meta_info.cached_tokens_details`` with ``--enable-cache-report``) and
-``POST /hicache/storage-backend/clear``. ``GET /sim/info`` is the harness's own window.
+increment), ``POST /flush_cache?timeout=N`` (admin key when ``--admin-api-key``; deferred until
+no request runs and no disk backup is in flight, then clears device and host; 400 on timeout),
+``POST /generate`` (byte-level tokens, deterministic text, ``meta_info.cached_tokens_details`` with
+``--enable-cache-report``) and ``POST /hicache/storage-backend/clear``. ``GET /sim/info`` is the harness's own window.
 
 What is real: the disk tier (``HiCacheFile`` from the pinned, patched wheel: file names, write,
-read, discard and prefix-existence code), the page-key chain, the 256-token prefetch threshold,
-write-through backup in the background, SIGTERM's drain-then-exit order (queued writes dropped by the
-parent; with the series, patch 0003's bounded drain, ``SGLANG_HICACHE_STORAGE_DRAIN_TIMEOUT``, default 8 s).
+read, discard and prefix-existence code), the page-key chain, the 256-token prefetch threshold, and,
+compiled from the tree the stand-in reads (``harness.sim.runtime_code``; parent or patched alike):
+the storage-backup controller (``write_storage``, ``backup_queue``, ``backup_thread_func``, one per TP
+rank), SIGTERM's graceful release (``UnifiedRadixCache.release_host_resources``: the parent leaves
+queued writes to die with the process; patch 0003 runs ``drain_storage_backup`` first, bounded by
+``SGLANG_HICACHE_STORAGE_DRAIN_TIMEOUT``, default 8 s) and the flush's deferral
+(``SchedulerFlushWrapper`` over ``Scheduler.is_fully_idle``: no request running, no storage backup unacked).
+What is restated: the controller's and scheduler's attributes those methods read, the ack step.
 What is simulated: the model (no weights, output is a hash), device/host pools (LRU sets sized by
-``--sim-device-pages``/``--sim-host-pages``), timings, the page payloads (derived from the keys).
+``--sim-device-pages``/``--sim-host-pages``; the host pages' bytes derive from the keys), timings
+(``--sim-write-delay`` per page backed up), device<->host moves (instantaneous, never in flight).
 """
 
 from __future__ import annotations
@@ -84,6 +90,9 @@ class Engine:
         self.host = tiers.LruTier(args.sim_host_pages if args.enable_hierarchical_cache else 0)
         self.disk: Any = None
         self.tree: dict = {}
+        self._flush_lock = threading.Lock()
+        self._flush_machinery: tuple[Any, Any] | None = None
+        self._flush_replies: list[Any] = []
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -109,16 +118,17 @@ class Engine:
         hs = sglang_tree.import_hicache_storage(tree)
         directory = os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR") or "/tmp/hicache"
         a = self.args
-        return self.tiers.DiskTier(hs, directory, a.served_model_name, a.tp_size, a.page_size, a.sim_write_delay)
+        return self.tiers.DiskTier(hs, directory, a.served_model_name, a.tp_size, a.page_size, a.sim_write_delay, tree)
 
     def drain(self) -> None:
-        """SIGTERM: /ready and /health turn 503, running requests finish; then queued disk writes are dropped
-        (parent) or written for at most the drain timeout (patch 0003, whose patched tree this engine reads)."""
+        """SIGTERM: /ready and /health turn 503, running requests finish; then the scheduler's graceful exit, the
+        tree's own ``release_host_resources`` on every rank: the parent leaves queued disk writes to die with the
+        process, patch 0003 drains them first (``SGLANG_HICACHE_STORAGE_DRAIN_TIMEOUT``, default 8 s)."""
         self.state = "stopping"
         while self.running:
             time.sleep(0.01)
-        if self.disk is not None and self.tree.get("patched"):
-            self.disk.wait_drained(max(0.0, float(os.environ.get("SGLANG_HICACHE_STORAGE_DRAIN_TIMEOUT", "8"))))
+        if self.disk is not None:
+            self.disk.release_host_resources()
 
     # -- requests -----------------------------------------------------------------------------
     def _count(self, name: str, value: int) -> None:
@@ -180,10 +190,88 @@ class Engine:
         return {"text": text, "meta_info": meta}
 
     def flush(self, timeout: float) -> tuple[bool, str]:
-        """Wait (up to ``timeout``) until idle and the backup queue is empty, then clear device and host."""
-        deadline = time.monotonic() + timeout
-        if self.disk is not None and not self.disk.wait_drained(timeout):
+        """``/flush_cache?timeout=N``: the runtime's deferred flush over its own idle check, then clear device and host.
+
+        With a disk tier, the tree's ``SchedulerFlushWrapper`` and ``Scheduler.is_fully_idle`` decide: a flush
+        waits (up to ``timeout``; 0 = now or never) until no request runs and no storage backup is in flight
+        (``ongoing_backup``: not yet acked by every rank's backup thread).
+        """
+        if self.disk is None:
+            return self._flush_without_storage(timeout)
+        wrapper, request = self._flusher()
+        with self._flush_lock:
+            reply = wrapper.handle(request(timeout_s=timeout))
+        while reply is None:  # deferred: the scheduler loop checks it each iteration
+            time.sleep(0.01)
+            with self._flush_lock:
+                wrapper.check_pending()
+                reply = self._flush_replies.pop() if self._flush_replies else None
+        if reply.success:
+            return True, "Cache flushed.\n"
+        if "already in progress" in (reply.message or ""):
+            return False, f"Flush cache failed: {reply.message}\n"
+        if self.disk.pending():
             return False, "Flush cache failed: the storage backup did not finish in time.\n"
+        return False, "Flush cache failed: requests are still running.\n"
+
+    def _flusher(self) -> tuple[Any, Any]:
+        """The tree's ``SchedulerFlushWrapper`` on a scheduler whose only state is this engine's, compiled once.
+
+        Simulated: the scheduler object (no waiting queue, no overlap or PD queues; device/host moves are
+        instantaneous, so no write-through or load-back is ever in flight); ``flush_cache`` keeps the
+        scheduler's own guard (idle or refuse) and clears the LRU tiers instead of the pools.
+        """
+        if self._flush_machinery is not None:
+            return self._flush_machinery
+        import enum
+        from types import SimpleNamespace
+
+        from harness.sim import runtime_code
+
+        tree, disk = self.tree["path"], self.disk
+        mode = enum.Enum("DisaggregationMode", "NULL PREFILL DECODE")
+        memory = SimpleNamespace(hicache_host_memory_mode="full")
+        is_fully_idle = runtime_code.is_fully_idle(tree, {"DisaggregationMode": mode, "get_memory": lambda: memory})
+
+        class TreeCache:
+            enable_storage = True
+            ongoing_write_through: dict = {}
+            ongoing_load_back: dict = {}
+            ongoing_prefetch: dict = {}
+
+            @property
+            def ongoing_backup(self) -> dict:
+                disk.pending()  # the scheduler takes the acks each iteration before it checks
+                return disk.ongoing_backup[0]
+
+        scheduler = SimpleNamespace(
+            running_batch=SimpleNamespace(is_empty=lambda: self.running == 0, reqs=[]), chunked_req=None,
+            dllm_manager=SimpleNamespace(any_staging_reqs=lambda: False), last_batch=None, enable_overlap=False,
+            result_queue=[], _pp_microbatches_drained=lambda: True, waiting_queue=[], disaggregation_mode=mode.NULL,
+            grammar_manager=SimpleNamespace(grammar_queue=[]), enable_hisparse=False, enable_hierarchical_cache=True,
+            tree_cache=TreeCache(), enable_lmcache=False, _engine_paused=False, disagg_decode_prealloc_queue=None,
+        )  # fmt: skip
+
+        def flush_cache() -> bool:
+            with self.lock:
+                if not is_fully_idle(scheduler):
+                    return False
+                self.device.clear()
+                self.host.clear()
+            return True
+
+        wrapper_class, request = runtime_code.flush_wrapper_class(tree)
+        wrapper = wrapper_class(
+            flush_cache=flush_cache,
+            is_fully_idle=lambda: is_fully_idle(scheduler),
+            send_output=lambda output, _req: self._flush_replies.append(output),
+        )
+        self._flush_machinery = (wrapper, request)
+        return self._flush_machinery
+
+    def _flush_without_storage(self, timeout: float) -> tuple[bool, str]:
+        """No disk tier, so no backup to wait for: wait (up to ``timeout``) until no request runs, then clear."""
+        deadline = time.monotonic() + timeout
         while self.running and time.monotonic() < deadline:
             time.sleep(0.01)
         with self.lock:

@@ -27,6 +27,7 @@ ONLY = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else None  # run just th
 
 cpu_stub.install()
 sys.path.insert(0, str(TREE))
+sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repository, for harness.sim.runtime_code
 logging.disable(logging.CRITICAL)
 
 import torch  # noqa: E402
@@ -40,6 +41,8 @@ from sglang.srt.mem_cache.device_pool_info import (  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.qsa import QSAIndexerPoolHost  # noqa: E402
+
+from harness.sim import runtime_code  # noqa: E402
 
 PAGE = 64
 KEYS = [f"{i:064x}" for i in range(1, 4)]
@@ -393,13 +396,7 @@ def _method_from_source(path: str, cls: str, name: str) -> Callable:
     unified_radix_cache imports the OpenAI protocol models at load, which a CPU
     test runner does not install; release_host_resources itself uses only self.
     """
-    module = ast.parse((TREE / path).read_text())
-    klass = next(n for n in module.body if isinstance(n, ast.ClassDef) and n.name == cls)
-    fn = next(n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == name)
-    fn.returns = None
-    namespace: dict = {}
-    exec(compile(ast.Module([fn], []), str(TREE / path), "exec"), namespace)
-    return namespace[name]
+    return runtime_code.method_from_source(TREE, path, cls, name)
 
 
 def flush_idle() -> dict:
@@ -411,26 +408,11 @@ def flush_idle() -> dict:
     import enum
 
     # flush_wrapper.py runs as is, minus its io_struct import (which pulls in the OpenAI protocol models).
-    wrapper_path = TREE / "sglang/srt/managers/scheduler_components/flush_wrapper.py"
-    wrapper_module = ast.parse(wrapper_path.read_text())
-    wrapper_module.body = [
-        n for n in wrapper_module.body if not (isinstance(n, ast.ImportFrom) and n.module.endswith("io_struct"))
-    ]
-    wrapper_ns = {
-        "FlushCacheReqInput": lambda timeout_s=None: SimpleNamespace(timeout_s=timeout_s),
-        "FlushCacheReqOutput": lambda success, message="": SimpleNamespace(success=success, message=message),
-    }
-    exec(compile(wrapper_module, str(wrapper_path), "exec"), wrapper_ns)
-    SchedulerFlushWrapper, FlushCacheReqInput = wrapper_ns["SchedulerFlushWrapper"], wrapper_ns["FlushCacheReqInput"]
+    SchedulerFlushWrapper, FlushCacheReqInput = runtime_code.flush_wrapper_class(TREE)
 
     mode = enum.Enum("DisaggregationMode", "NULL PREFILL DECODE")
-    module = ast.parse((TREE / "sglang/srt/managers/scheduler.py").read_text())
-    klass = next(n for n in module.body if isinstance(n, ast.ClassDef) and n.name == "Scheduler")
-    fn = next(n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == "is_fully_idle")
-    fn.returns = None
     namespace = {"DisaggregationMode": mode, "get_memory": lambda: SimpleNamespace(hicache_host_memory_mode="full")}
-    exec(compile(ast.Module([fn], []), "scheduler.py", "exec"), namespace)
-    is_fully_idle = namespace["is_fully_idle"]
+    is_fully_idle = runtime_code.is_fully_idle(TREE, namespace)
     ongoing = ("ongoing_write_through", "ongoing_load_back", "ongoing_prefetch", "ongoing_backup")
     tree_cache = SimpleNamespace(enable_storage=True, **{name: {} for name in ongoing})
     sched = SimpleNamespace(

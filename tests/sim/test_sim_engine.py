@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 from pathlib import Path
 
 import pytest
 
 from harness.sim.engine import parse_args
+from harness.sim.sglang_tree import TREE_ENV, patched_sglang_tree
 from harness.sim.tiers import page_keys
 
 PROMPT = "You are a helpful assistant. " * 24  # 720 bytes: 11 full pages of 64, 10 matchable
@@ -134,3 +136,52 @@ def test_a_damaged_page_is_a_miss_not_a_crash(start_engine, tmp_path: Path, dama
     assert warm.info()["corrupt_pages"] == 1  # the runtime's own check refused it (checksum / size), and counted it
     assert warm.info()["wrong_bytes_served"] == 0
     assert not victim.exists() or victim.stat().st_size == size  # discarded, not served again
+
+
+def _doctored(tree: Path, site: Path, path: str, old: str, new: str) -> Path:
+    """``tree`` with one source edit (every other file a symlink into it); its recorded info still says patched."""
+    shutil.copytree(tree, site, copy_function=os.symlink)
+    target = site / path
+    source = target.read_text()
+    assert source.count(old) == 1, f"{path} no longer holds the text to doctor"
+    target.unlink()
+    target.write_text(source.replace(old, new))
+    return site
+
+
+DRAIN_CALL = "            self.cache_controller.drain_storage_backup()\n"
+
+
+@pytest.mark.parametrize("tree_kind", ["parent", "patched, release_host_resources without its drain"])
+def test_sigterm_runs_the_trees_own_release(start_engine, sglang_tree: Path, tmp_path: Path, tree_kind: str) -> None:
+    """SIGTERM runs the tree's UnifiedRadixCache.release_host_resources: on the parent, or on a patched tree whose
+    release no longer calls drain_storage_backup, queued writes die with the process despite a 30 s budget (the
+    patched tree writes them all: test_sigterm_drains_queued_writes_within_the_budget)."""
+    if tree_kind == "parent":
+        tree = patched_sglang_tree(patched=False)
+    else:
+        path = "sglang/srt/mem_cache/unified_radix_cache.py"
+        tree = _doctored(sglang_tree, tmp_path / "site", path, DRAIN_CALL, "            pass\n")
+    cache = tmp_path / "cache"
+    env = {TREE_ENV: str(tree), "SGLANG_HICACHE_STORAGE_DRAIN_TIMEOUT": "30"}
+    engine = start_engine(cache, "--sim-write-delay", "0.1", **env)
+    assert engine.info()["tree"]["patched"] is (tree_kind != "parent")
+    engine.generate(PROMPT)
+    assert engine.info()["pending_writes"] > 0
+    assert engine.stop(signal.SIGTERM) == 0
+    written = [f for f in os.listdir(cache) if f.endswith(".bin")]
+    assert len(written) < 2 * (2 * (len(PROMPT) // 64) + 1)  # KV + indexer per page, one Mamba slot; per rank
+    restarted = start_engine(cache, **env)
+    assert restarted.generate(PROMPT)["cached_tokens_details"]["storage"] < PAGES * 64
+
+
+def test_flush_waits_on_the_trees_own_idle_check(start_engine, sglang_tree: Path, tmp_path: Path) -> None:
+    """/flush_cache defers on the tree's Scheduler.is_fully_idle: one that forgets ongoing_backup flushes at once,
+    with the backups still in flight (the real check waits: test_flushed_pages_are_read_back_after_a_restart)."""
+    path = "sglang/srt/managers/scheduler.py"
+    check = "                    idle &= len(tc.ongoing_backup) == 0\n"
+    tree = _doctored(sglang_tree, tmp_path / "site", path, check, "")
+    engine = start_engine(tmp_path / "cache", "--sim-write-delay", "0.2", **{TREE_ENV: str(tree)})
+    engine.generate(PROMPT)
+    assert engine.flush() == (200, "Cache flushed.\n")
+    assert engine.info()["pending_writes"] > 0
