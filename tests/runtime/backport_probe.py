@@ -115,6 +115,99 @@ def read_side_waits() -> dict:
     return out
 
 
+class _Rows(list):
+    """A pool's per-layer buffer list that records which layer is read."""
+
+    def __init__(self, name: str, rec: _Recorder) -> None:
+        super().__init__()
+        self.name, self.rec = name, rec
+
+    def __getitem__(self, layer: int) -> torch.Tensor:
+        self.rec.calls.append((self.name, layer))
+        return torch.zeros(1, dtype=torch.bfloat16)
+
+
+def kv_read_waits() -> dict:
+    """The KV pools' read accessors during a HiCache load: each waits for its layer before reading.
+
+    The model's pool is ``QSATokenToKVPool`` (a ``HybridLinearKVPool``) around a plain ``MHATokenToKVPool``; the
+    counter is registered the runtime's way (``register_layer_transfer_counter``, which clears the inner pool's).
+    Pipeline stage starting at layer 2 (waits are for ``layer - start_layer``), full-attention layers 3 and 7
+    (inner pool rows 0 and 1), so the wait index, the model layer and the inner row all differ. The plain pool
+    (a non-hybrid model's) is read at layer 3 with its own counter.
+    """
+    from sglang.srt.mem_cache import memory_pool as mp
+    from sglang.srt.mem_cache.qsa_kv_pool import QSATokenToKVPool
+
+    rec = _Recorder()
+    counter = SimpleNamespace(consumer_index=0, wait_until=lambda i: rec.calls.append(("wait_until", i)))
+
+    def plain(start_layer: int) -> mp.MHATokenToKVPool:
+        pool = object.__new__(mp.MHATokenToKVPool)
+        pool.__dict__.update(
+            start_layer=start_layer, layer_transfer_counter=None, quant_method=mp.UnquantizedKVCacheMethod(),
+            dtype=torch.bfloat16, store_dtype=torch.bfloat16, k_buffer=_Rows("read_k", rec),
+            v_buffer=_Rows("read_v", rec),
+        )  # fmt: skip
+        return pool
+
+    mha = plain(2)
+    mha.register_layer_transfer_counter(counter)
+    qsa = object.__new__(QSATokenToKVPool)
+    qsa.__dict__.update(
+        start_layer=2, layer_transfer_counter=None, full_attention_layer_id_mapping={3: 0, 7: 1},
+        full_kv_pool=plain(0), qsa_compressed_k_buffer_pool=_Rows("read_qsa_compressed_k", rec),
+    )  # fmt: skip
+    qsa.full_kv_pool.register_layer_transfer_counter(counter)  # whatever it had, the wrapper's registration decides
+    qsa.register_layer_transfer_counter(counter)
+    out = {}
+    for name, call in (
+        ("MHATokenToKVPool.get_key_buffer", lambda: mha.get_key_buffer(3)),
+        ("MHATokenToKVPool.get_value_buffer", lambda: mha.get_value_buffer(3)),
+        ("MHATokenToKVPool.get_kv_buffer", lambda: mha.get_kv_buffer(3)),
+        ("QSATokenToKVPool.get_key_buffer", lambda: qsa.get_key_buffer(7)),
+        ("QSATokenToKVPool.get_value_buffer", lambda: qsa.get_value_buffer(7)),
+        ("QSATokenToKVPool.get_kv_buffer", lambda: qsa.get_kv_buffer(7)),
+        ("QSATokenToKVPool.get_qsa_compressed_k_buffer", lambda: qsa.get_qsa_compressed_k_buffer(7)),
+    ):
+        rec.calls.clear()
+        try:
+            call()
+            out[name] = list(rec.calls)
+        except Exception as exc:  # one broken accessor must not hide the others
+            out[name] = {"error": repr(exc)}
+    return out
+
+
+def draft_load_layers() -> dict:
+    """HybridCacheController._l2_load_transfers: on which target layer's step each packed MTP draft is loaded.
+
+    The draft pools get no layer counter (only page-interleaved pools register one), so their reads rely on
+    the draft loads being issued within the target's layer loop, before the target's final layer event, which
+    the target forward waits on (stream order) before the draft forward runs. A 4-layer target, two drafts
+    packed behind it on the host (host layers 4 and 5): per draft, the transfer steps that load it and the
+    host layer it reads.
+    """
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+
+    layers, drafts = 4, ("draft0", "draft1")
+    entry = SimpleNamespace(
+        host_pool="host", device_pool="target", packed_draft_device_pools=drafts,
+        layer_mapper=lambda i: i if 0 <= i < layers + len(drafts) else None,
+    )  # fmt: skip
+    ctl = object.__new__(HybridCacheController)
+    ctl.__dict__.update(
+        transfer_layer_id_max=layers, mem_pool_host=SimpleNamespace(anchor_entry=entry, entry_map={"kv": entry})
+    )
+    idx = torch.arange(2)
+    out = {}
+    for t in ctl._l2_load_transfers(idx, idx):
+        if t.is_draft:
+            steps = [i for i in range(layers) if t.layer_mapper(i) is not None]
+            out[t.device_pool] = {"steps": steps, "host_layers": [t.layer_mapper(i) for i in steps]}
+    return out
+
+
 def run(fn) -> object:
     try:
         return fn()
@@ -123,4 +216,5 @@ def run(fn) -> object:
 
 
 if __name__ == "__main__":
-    print(json.dumps({fn.__name__: run(fn) for fn in (qsa_gather, mamba_cow_fence, read_side_waits)}))
+    probes = (qsa_gather, mamba_cow_fence, read_side_waits, kv_read_waits, draft_load_layers)
+    print(json.dumps({fn.__name__: run(fn) for fn in probes}))

@@ -27,6 +27,8 @@ ROUTER_RADIX = "sglang/kernels/jit/csrc/moe/route_radix.cuh"
 SPARSE_ATTN = "sglang/srt/layers/attention/qsa/sparse_attn.py"
 QSA_BACKEND = "sglang/srt/layers/attention/qwen_sparse_attn_backend.py"
 MEMORY_POOL = "sglang/srt/mem_cache/memory_pool.py"
+QSA_KV_POOL = "sglang/srt/mem_cache/qsa_kv_pool.py"
+HYBRID_CONTROLLER = "sglang/srt/mem_cache/hybrid_cache/hybrid_cache_controller.py"
 MODEL_RUNNER = "sglang/srt/model_executor/model_runner.py"
 
 MARKERS = {
@@ -129,6 +131,103 @@ def test_read_side_wait_guards_fail_on_a_doctored_parent(tree_copy: Path):
         doctor(tree_copy / MEMORY_POOL, old, new)
     out = run_probe(tree_copy)["read_side_waits"]
     assert all(out[a] != READ_WAITS[a] for a in READ_WAITS), out
+
+
+# The KV reads of an attention layer: the model's pool is QSATokenToKVPool (a HybridLinearKVPool: the waits sit in the
+# wrapper, the inner MHATokenToKVPool's counter is cleared by the wrapper's registration); the plain pool is a
+# non-hybrid model's. Probe: stage start_layer 2, full-attention layers 3 and 7 (inner rows 0, 1); plain pool layer 3.
+KV_READ_WAITS = {
+    "MHATokenToKVPool.get_key_buffer": [["wait_until", 1], ["read_k", 1]],
+    "MHATokenToKVPool.get_value_buffer": [["wait_until", 1], ["read_v", 1]],
+    "MHATokenToKVPool.get_kv_buffer": [["wait_until", 1], ["read_k", 1], ["wait_until", 1], ["read_v", 1]],
+    "QSATokenToKVPool.get_key_buffer": [["wait_until", 5], ["read_k", 1]],  # wait: model layer 7 - start 2
+    "QSATokenToKVPool.get_value_buffer": [["wait_until", 5], ["read_v", 1]],
+    "QSATokenToKVPool.get_kv_buffer": [["wait_until", 5], ["read_k", 1], ["read_v", 1]],  # once, in the wrapper
+    "QSATokenToKVPool.get_qsa_compressed_k_buffer": [["wait_until", 5], ["read_qsa_compressed_k", 1]],
+}
+_MHA_WAIT = (
+    "        if self.layer_transfer_counter is not None:\n"
+    "            self.layer_transfer_counter.wait_until(layer_id - self.start_layer)\n"
+)
+_HYBRID_WAIT = "        self._wait_for_layer(layer_id)\n"
+
+
+def _drop_wait_after(path: str, head: str, wait: str = _HYBRID_WAIT) -> tuple[str, str, str]:
+    return path, head + wait, head
+
+
+def _drop_wait_before(path: str, tail: str, wait: str = _MHA_WAIT) -> tuple[str, str, str]:
+    return path, wait + tail, tail
+
+
+KV_READ_WAIT_ANCHORS = {  # accessor: (file, old, new) that drops just its wait
+    "MHATokenToKVPool.get_key_buffer": (  # the comment makes it this class's (MHATokenToKOnlyPool has the same)
+        MEMORY_POOL,
+        "        # same applies to get_value_buffer and get_kv_buffer\n"
+        + _MHA_WAIT
+        + "        return self._get_key_buffer(layer_id)\n",
+        "        # same applies to get_value_buffer and get_kv_buffer\n        return self._get_key_buffer(layer_id)\n",
+    ),
+    "MHATokenToKVPool.get_value_buffer": _drop_wait_before(
+        MEMORY_POOL, "        return self._get_value_buffer(layer_id)\n"
+    ),
+    "MHATokenToKVPool.get_kv_buffer": (  # no wait of its own: it reads through the two waiting accessors
+        MEMORY_POOL,
+        "        return self.v_head_dim\n\n    def get_kv_buffer(self, layer_id: int):\n"
+        "        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)\n",
+        "        return self.v_head_dim\n\n    def get_kv_buffer(self, layer_id: int):\n"
+        "        return self._get_key_buffer(layer_id), self._get_value_buffer(layer_id)\n",
+    ),
+    "QSATokenToKVPool.get_key_buffer": _drop_wait_after(  # HybridLinearKVPool's, as are the next two
+        MEMORY_POOL, "    def get_key_buffer(self, layer_id: int, scale: Optional[float] = None):\n"
+    ),
+    "QSATokenToKVPool.get_value_buffer": _drop_wait_after(
+        MEMORY_POOL, "    def get_value_buffer(self, layer_id: int, scale: Optional[float] = None):\n"
+    ),
+    "QSATokenToKVPool.get_kv_buffer": _drop_wait_after(MEMORY_POOL, "    def get_kv_buffer(self, layer_id: int):\n"),
+    "QSATokenToKVPool.get_qsa_compressed_k_buffer": _drop_wait_after(
+        QSA_KV_POOL, "        # The indexer reads compressed keys before attention reads the full KV.\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("accessor", sorted(KV_READ_WAITS))
+def test_kv_read_accessors_wait_for_their_layer(parent_probe: dict, accessor: str):
+    """Recorded on CPU: the layer's wait_until, then its read (KV, and the QSA indexer's compressed keys)."""
+    assert parent_probe["kv_read_waits"][accessor] == KV_READ_WAITS[accessor]
+
+
+def test_kv_read_wait_guards_fail_on_a_doctored_parent(tree_copy: Path):
+    """Drop each KV accessor's wait (memory_pool.py:2856-2857, :2877-2878, :2889, :4478, :4485, :4492;
+    qsa_kv_pool.py:256): each guard fails by name, the accessor still reading the same rows, just unwaited."""
+    for path, old, new in KV_READ_WAIT_ANCHORS.values():
+        doctor(tree_copy / path, old, new)
+    out = run_probe(tree_copy)["kv_read_waits"]
+    unwaited = {a: [c for c in calls if c[0] != "wait_until"] for a, calls in KV_READ_WAITS.items()}
+    assert out == unwaited, out
+    assert all(out[a] != KV_READ_WAITS[a] for a in KV_READ_WAITS), out
+
+
+
+# The MTP draft's KV/QSA pools get no layer counter (hybrid_pool_assembler.py:2506-2512 registers one on drafts only
+# for page-interleaved pools): their reads rely on each draft being loaded inside the target's layer loop, before the
+# target's final layer event, which the target forward waits on before the draft forward runs on the same stream.
+DRAFT_LOAD_LAYERS = {"draft0": {"steps": [0], "host_layers": [4]}, "draft1": {"steps": [1], "host_layers": [5]}}
+
+
+def test_mtp_drafts_load_before_the_final_target_layer_event(parent_probe: dict):
+    assert parent_probe["draft_load_layers"] == DRAFT_LOAD_LAYERS
+
+
+def test_mtp_draft_load_guard_fails_on_a_doctored_parent(tree_copy: Path):
+    """Issue the drafts after the target's layer loop (hybrid_cache_controller.py:934): the guard fails."""
+    doctor(
+        tree_copy / HYBRID_CONTROLLER,
+        "expected_layer_id: int = min(depth, self.transfer_layer_id_max - 1),",
+        "expected_layer_id: int = self.transfer_layer_id_max + depth,",
+    )
+    out = run_probe(tree_copy)["draft_load_layers"]
+    assert out != DRAFT_LOAD_LAYERS, out
 
 
 def test_behavioural_guards_fail_on_a_doctored_parent(tree_copy: Path):
