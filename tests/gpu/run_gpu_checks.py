@@ -27,6 +27,12 @@ Checks:
      with the restored data with load_fence_stream set, and is detected as corrupted without it.
   5  Restore ceiling: pinned host->device copies of 64-token page-first pages (Qwen3.8-Flash-Next
      per rank at TP2: KV + QSA index pages + one Mamba slot) against one large contiguous pinned copy.
+  6  GDN interior-boundary state snapshot (patch 0005): a varlen prefill of k*grid tokens through the
+     runtime's chunk_gated_delta_rule, the tracked h row chosen and copied by the backend's own
+     _init_track_ssm_indices / _track_mamba_state_extend at the replay boundary (k-1)*grid, equals the
+     final state of a separate prefill of exactly that prefix (and a float64 recurrence); the conv
+     window from _init_track_conv_indices equals causal_conv1d_fn's state after the prefix.
+     CONTROL: h one chunk off and the whole prompt's final state must not match.
 
 Exit status: 0 all PASS, 1 any FAIL, 2 no FAIL but something CANNOT-RUN.
 """
@@ -39,6 +45,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import itertools
 import json
 import os
 import platform
@@ -54,13 +61,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PATCHES = REPO / "runtime_patches"
 WHEEL_NAME = "sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl"
-CHECKS = ("1", "2", "3", "4", "5")
+CHECKS = ("1", "2", "3", "4", "5", "6")
 TITLES = {
     "1": "QSA paged sparse-decode gather",
     "2": "QSA compressed-key gather, short extensions",
     "3": "Router with kernel-produced bias (PDL)",
     "4": "Restore ordering (load_fence_stream)",
     "5": "Restore ceiling H2D (Flash-Next pages)",
+    "6": "GDN interior-boundary state snapshot (patch 0005)",
 }
 
 
@@ -850,10 +858,227 @@ def check5(ctx) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------------------------
+# check 6: GDN interior-boundary state snapshot (patch 0005)
+# ----------------------------------------------------------------------------------------------
+
+# Qwen3.8-Flash-Next per rank at TP2 (profiles/qwen3.8-flash-next.json: 16 key heads, 48 value heads,
+# 128 x 128, conv kernel 4).
+GDN_K_HEADS, GDN_V_HEADS, GDN_K_DIM, GDN_V_DIM, GDN_CONV = 8, 24, 128, 128, 4
+GDN_STATE_TOL = 1.0 / 128  # |snapshot - ref| <= tol * max|ref|: h is stored in bf16 (2^-8 relative rounding)
+GDN_F64_TOL = 2e-2  # bf16 kernel (fp32 accumulation, bf16 w/u/v_new) against a float64 recurrence
+
+
+def _gdn_reference_f64(q, k, v, g, beta, eps=1e-6):
+    """Gated delta rule, one sequence, float64: S <- S*exp(g_t); S += beta_t (v_t - S k_t) k_t^T,
+    with q/k l2-normalised as use_qk_l2norm_in_kernel does. S is [H, V, K] (the pool layout)."""
+    import torch
+
+    k = k.double()
+    k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + eps)
+    rep = v.shape[1] // k.shape[1]
+    k = k.repeat_interleave(rep, dim=1)
+    v, g, beta = v.double(), g.double(), beta.double()
+    S = torch.zeros(v.shape[1], v.shape[2], k.shape[2], dtype=torch.float64, device=v.device)
+    for t in range(v.shape[0]):
+        S = S * torch.exp(g[t])[:, None, None]
+        kt = k[t]
+        pred = torch.einsum("hvk,hk->hv", S, kt)
+        S = S + beta[t][:, None, None] * torch.einsum("hv,hk->hvk", v[t] - pred, kt)
+    return S
+
+
+def _rel_err(a, ref) -> float:
+    return float((a.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-30))
+
+
+def check6(ctx) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+
+    chunk_mod = import_or_cannot("sglang.kernels.ops.attention.fla.chunk")
+    hyb = import_or_cannot("sglang.srt.layers.attention.hybrid_linear_attn_backend")
+    fbi = import_or_cannot("sglang.srt.model_executor.forward_batch_info")
+    conv_mod = import_or_cannot("sglang.kernels.ops.mamba.causal_conv1d_triton")
+    base = hyb.MambaAttnBackendBase
+    fla_chunk = chunk_mod.CHUNK_SIZE
+    state_chunk = 64  # the backend's mamba_chunk_size (hf config default; Qwen GDN configs set none)
+    dev = torch.device("cuda")
+    rows = []
+    HK, HV, DK, DV, W = GDN_K_HEADS, GDN_V_HEADS, GDN_K_DIM, GDN_V_DIM, GDN_CONV
+    conv_dim = 2 * HK * DK + HV * DV
+    worst = {"snap_vs_prefix": 0.0, "snap_vs_f64": 0.0, "prefix_vs_f64": 0.0, "bf16_exact": 1.0}
+    ctl = {"off_by_one_chunk": float("inf"), "full_prompt_final": float("inf")}
+    conv_ok, conv_ctl_hit, cases = True, True, []
+    for grid in (64, 256):
+        ks = [2, 4, 3]  # a batch of three final extends of k*grid tokens, prefix 0
+        lens = [k * grid for k in ks]
+        # scheduler after 0005 (ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend): replay boundary
+        # (L - 1) // grid * grid, then _force_track_h adds 1 so the backend takes the interior-h branch
+        replay = [(n - 1) // grid * grid for n in lens]
+        track_seqlens = [r + 1 for r in replay]
+        B, T = len(lens), sum(lens)
+        gen = torch.Generator(device=dev).manual_seed(600 + grid)
+        rnd = lambda *s, _g=gen: torch.randn(*s, generator=_g, device=dev)  # noqa: E731
+        q = rnd(1, T, HK, DK).to(torch.bfloat16)
+        k = rnd(1, T, HK, DK).to(torch.bfloat16)
+        v = rnd(1, T, HV, DV).to(torch.bfloat16)
+        g = F.logsigmoid(rnd(1, T, HV) + 3.0).float()  # decay close to 1, so early tokens still count
+        beta = torch.sigmoid(rnd(1, T, HV)).float()
+        cu = torch.tensor(list(itertools.accumulate(lens, initial=0)), dtype=torch.int32, device=dev)
+        h_off = list(itertools.accumulate(((n + state_chunk - 1) // state_chunk for n in lens), initial=0))
+        n_slots = 2 * B + 2
+        pool = torch.zeros(n_slots, HV, DV, DK, dtype=torch.float32, device=dev)
+        cache_idx = torch.arange(B, dtype=torch.int32, device=dev)
+        track_dst = torch.arange(B, 2 * B, dtype=torch.int64, device=dev)
+        _o, _none, h = chunk_mod.chunk_gated_delta_rule(
+            q=q, k=k, v=v, g=g, beta=beta, initial_state=pool, initial_state_indices=cache_idx,
+            cu_seqlens=cu, head_first=False, use_qk_l2norm_in_kernel=True,
+        )  # fmt: skip
+        torch.cuda.synchronize()
+        fb = types.SimpleNamespace(
+            mamba_track_mask=torch.ones(B, dtype=torch.bool, device=dev),
+            extend_seq_lens=torch.tensor(lens, dtype=torch.int64, device=dev),
+            mamba_track_indices=track_dst,
+            mamba_track_seqlens=torch.tensor(track_seqlens, dtype=torch.int64, device=dev),
+            extend_prefix_lens=torch.zeros(B, dtype=torch.int64, device=dev),
+        )
+        fake = types.SimpleNamespace(
+            mamba_chunk_size=state_chunk,
+            device=dev,
+            conv_states_shape=(n_slots, conv_dim, W - 1),
+            _has_cpu_prefill_track_metadata=lambda _fb: False,
+        )
+        (chunk_idx, h_src, h_dst, _seqs, fin_src, fin_dst, _a, _b, rec_dst) = base._init_track_ssm_indices(
+            fake, cache_idx.to(torch.int64), fb
+        )
+        md = types.SimpleNamespace(
+            has_mamba_track_mask=True, track_ssm_h_src=h_src, track_ssm_h_dst=h_dst,
+            track_ssm_recompute_dst=rec_dst, track_ssm_final_src=fin_src, track_ssm_final_dst=fin_dst,
+        )  # fmt: skip
+        if fin_src.numel() != 0 or h_src.numel() != B:
+            raise AssertionError(f"grid {grid}: backend chose final-state rows {fin_src.tolist()}, h rows {h_src}")
+        # the host-side plan (_init_track_ssm_indices_from_cpu, taken when the CPU track metadata is set)
+        fb_cpu = types.SimpleNamespace(
+            mamba_prefill_track_mask_cpu=[True] * B, mamba_track_seqlens_cpu=track_seqlens,
+            extend_seq_lens_cpu=lens, extend_prefix_lens_cpu=[0] * B, mamba_track_indices=track_dst,
+        )  # fmt: skip
+        fake._track_indices_to_device = types.MethodType(base._track_indices_to_device, fake)
+        cpu_plan = base._init_track_ssm_indices_from_cpu(fake, cache_idx.to(torch.int64), fb_cpu)
+        for name, a_, b_ in (
+            ("h_src", h_src, cpu_plan[1]),
+            ("h_dst", h_dst, cpu_plan[2]),
+            ("chunk", chunk_idx, cpu_plan[0]),
+        ):
+            if a_.tolist() != b_.tolist():
+                raise AssertionError(f"grid {grid}: {name} GPU path {a_.tolist()} != CPU plan {b_.tolist()}")
+        if cpu_plan[4].numel() != 0:
+            raise AssertionError(f"grid {grid}: CPU plan chose final-state rows {cpu_plan[4].tolist()}")
+        base._track_mamba_state_extend(fake, fb, h, pool, md)
+        torch.cuda.synchronize()
+        snap = pool[track_dst]
+        full_final = pool[cache_idx.long()].clone()
+        # reference: a separate prefill of exactly the first replay[i] tokens of each prompt
+        sel = torch.cat([torch.arange(int(cu[i]), int(cu[i]) + replay[i], device=dev) for i in range(B)])
+        cu_p = torch.tensor(list(itertools.accumulate(replay, initial=0)), dtype=torch.int32, device=dev)
+        pool_p = torch.zeros_like(pool)
+        chunk_mod.chunk_gated_delta_rule(
+            q=q[:, sel], k=k[:, sel], v=v[:, sel], g=g[:, sel], beta=beta[:, sel], initial_state=pool_p,
+            initial_state_indices=cache_idx, cu_seqlens=cu_p, head_first=False, use_qk_l2norm_in_kernel=True,
+        )  # fmt: skip
+        torch.cuda.synchronize()
+        ref = pool_p[cache_idx.long()]
+        h2 = h.squeeze(0)
+        for i in range(B):
+            r = ref[i]
+            e_pref = _rel_err(snap[i], r)
+            exact = float((snap[i] == r.to(torch.bfloat16).float()).float().mean())
+            s0, s1 = int(cu[i]), int(cu[i]) + replay[i]
+            r64 = _gdn_reference_f64(q[0, s0:s1], k[0, s0:s1], v[0, s0:s1], g[0, s0:s1], beta[0, s0:s1])
+            e64 = _rel_err(snap[i], r64)
+            e_p64 = _rel_err(r, r64)
+            src = int(h_src[i])
+            # the neighbouring chunk boundaries of the same prompt (src + 1 only where the prompt has one)
+            near = [c for c in (src - 1, src + 1) if h_off[i] <= c < h_off[i + 1]]
+            off = min(_rel_err(h2[c], r) for c in near)
+            fullf = _rel_err(full_final[i], r)
+            worst["snap_vs_prefix"] = max(worst["snap_vs_prefix"], e_pref)
+            worst["snap_vs_f64"] = max(worst["snap_vs_f64"], e64)
+            worst["prefix_vs_f64"] = max(worst["prefix_vs_f64"], e_p64)
+            worst["bf16_exact"] = min(worst["bf16_exact"], exact)
+            ctl["off_by_one_chunk"] = min(ctl["off_by_one_chunk"], off)
+            ctl["full_prompt_final"] = min(ctl["full_prompt_final"], fullf)
+            cases.append(
+                f"grid {grid} L={lens[i]} track {replay[i]} h[{src}] (chunk {int(chunk_idx[i])}): "
+                f"vs prefix {e_pref:.2e}, bf16-exact {exact:.4f}, vs f64 {e64:.2e}; prefix vs f64 {e_p64:.2e}; "
+                f"ctl h[src+-1] {off:.2e}, full-prompt final {fullf:.2e}"
+            )
+            print(cases[-1])
+        # conv window: the backend's track indices (from mamba_track_aligned_lens) against the conv state
+        # the runtime's Triton causal_conv1d_fn leaves after a prefill of exactly the tracked prefix
+        fbi.mamba_cache_chunk_size = lambda _g=grid: _g  # the scheduler's caching grid (max(64, page))
+        fb.mamba_track_aligned_lens = types.MethodType(fbi.ForwardBatch.mamba_track_aligned_lens, fb)
+        x = rnd(T, conv_dim).to(torch.bfloat16)
+        idx = base._init_track_conv_indices(fake, cu.to(torch.int64), fb)
+        window = x[idx].transpose(1, 2)  # what forward_extend writes into conv_states[mask indices]
+        wgt = rnd(conv_dim, W).to(torch.bfloat16)
+        conv_states = torch.zeros(n_slots, conv_dim, W - 1, dtype=torch.bfloat16, device=dev)
+        xp = x[sel]
+        conv_mod.causal_conv1d_fn(
+            xp.transpose(0, 1), wgt, None, conv_states=conv_states, query_start_loc=cu_p, seq_lens_cpu=replay,
+            cache_indices=cache_idx, has_initial_state=torch.zeros(B, dtype=torch.bool, device=dev),
+            activation="silu",
+        )  # fmt: skip
+        torch.cuda.synchronize()
+        conv_ref = conv_states[cache_idx.long()]
+        conv_ok &= bool(torch.equal(window, conv_ref))
+        end_idx = (cu[:-1].long() + torch.tensor(lens, device=dev))[:, None] - (W - 1) + torch.arange(W - 1, device=dev)
+        conv_ctl_hit &= not bool(torch.equal(x[end_idx].transpose(1, 2), conv_ref))
+        print(f"grid {grid}: conv window == causal_conv1d_fn state after the prefix: {torch.equal(window, conv_ref)}")
+    ok = (
+        worst["snap_vs_prefix"] <= GDN_STATE_TOL
+        and worst["snap_vs_f64"] <= GDN_F64_TOL
+        and worst["prefix_vs_f64"] <= GDN_F64_TOL
+    )
+    geo = f"{HK}k/{HV}v heads x {DK}x{DV}, FLA chunk {fla_chunk}, grids 64/256, k=2,3,4"
+    rows.append(
+        row(
+            "6a",
+            "tracked h snapshot = prefix prefill final state",
+            "PASS" if ok else "FAIL",
+            f"max rel (to max|ref|) vs prefix prefill {worst['snap_vs_prefix']:.2e} (tol {GDN_STATE_TOL:.2e}), "
+            f"bf16-rounded ref exact on >= {worst['bf16_exact']:.4f} of elements; vs float64 recurrence "
+            f"{worst['snap_vs_f64']:.2e} (prefix prefill itself {worst['prefix_vs_f64']:.2e}, "
+            f"tol {GDN_F64_TOL}); {geo}",
+        )
+    )
+    c_ok = min(ctl.values()) > 10 * GDN_STATE_TOL
+    rows.append(
+        row(
+            "6ctl",
+            "CONTROL: h one chunk off / full-prompt final state",
+            "DETECTED" if c_ok else "FAIL",
+            f"min rel err h[src-1|src+1] {ctl['off_by_one_chunk']:.2e}, final state of the whole prompt "
+            f"{ctl['full_prompt_final']:.2e} (must exceed {10 * GDN_STATE_TOL:.2e})",
+        )
+    )
+    rows.append(
+        row(
+            "6b",
+            "conv window at tracked length (mamba_track_aligned_lens)",
+            "PASS" if conv_ok and conv_ctl_hit else "FAIL",
+            f"window == conv state of causal_conv1d_fn (Triton) after the prefix: {conv_ok} (bit-exact); "
+            f"control (window at the prompt end) differs: {conv_ctl_hit}",
+        )
+    )
+    Path(ctx["result"]).with_suffix(".cases.txt").write_text("\n".join(cases) + "\n")
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
 # driver
 # ----------------------------------------------------------------------------------------------
 
-WORKERS = {"1": check1, "2": check2, "3": check3, "4": check4, "5": check5}
+WORKERS = {"1": check1, "2": check2, "3": check3, "4": check4, "5": check5, "6": check6}
 
 
 def worker_main(args) -> int:
