@@ -90,6 +90,8 @@ SGL_KERNEL_BOUND: list[str] = []
 # an ImportError, exactly as if the package were absent.
 STUB_SUBMODULES = {"sgl_kernel.kvcacheio", "sgl_kernel.quantization"}
 STUB_TOP_NAMES: set[str] = {
+    "top_k_renorm_prob",  # srt/layers/sampler.py (check 6's import chain: backend -> model_runner)
+    "top_p_renorm_prob",
     "int8_scaled_mm",
     "moe_sum_reduce",
     "moe_sum",
