@@ -12,16 +12,12 @@ guard is shown to fail on a doctored copy.
 from __future__ import annotations
 
 import ast
-import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from probe_run import run_json
 
-HERE = Path(__file__).resolve().parent
 ROUTER_TRITON = "sglang/kernels/ops/moe/moe_fused_gate.py"
 ROUTER_RADIX = "sglang/kernels/jit/csrc/moe/route_radix.cuh"
 SPARSE_ATTN = "sglang/srt/layers/attention/qsa/sparse_attn.py"
@@ -64,12 +60,7 @@ def test_backport_present_in_parent(parent_tree: Path, item: str):
 
 
 def run_probe(tree: Path) -> dict:
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "backport_probe.py"), str(tree)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    return run_json("backport_probe.py", tree)
 
 
 @pytest.fixture(scope="session")

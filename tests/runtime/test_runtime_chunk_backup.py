@@ -4,25 +4,16 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from probe_run import run_json
 
-HERE = Path(__file__).resolve().parent
 NODES = [[0, 128], [128, 256], [256, 384]]
 
 
 def chunk_backups(tree: Path) -> dict:
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "chunk_backup_probe.py"), str(tree)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    return run_json("chunk_backup_probe.py", tree)
 
 
 @pytest.fixture(scope="module")

@@ -6,25 +6,16 @@ fail on the parent's report (single, 4-grid and chunked cases); the controls hol
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from probe_run import run_json
 
-HERE = Path(__file__).resolve().parent
 G = 64
 
 
 def probe(tree: Path) -> dict:
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "chunk_boundary_probe.py"), str(tree)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    return run_json("chunk_boundary_probe.py", tree)
 
 
 @pytest.fixture(scope="module")

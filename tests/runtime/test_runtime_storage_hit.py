@@ -10,25 +10,16 @@ what the request gets. See upstream #40193.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from probe_run import run_json
 
-HERE = Path(__file__).resolve().parent
 PAGE, HIT_PAGES, FREE_PAGES = 64, 4, 3
 
 
 def storage_hit(tree: Path, work: Path) -> dict:
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "storage_hit_probe.py"), str(tree), str(work)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout)
+    report = run_json("storage_hit_probe.py", tree, work)
     for name, out in report.items():
         assert "error" not in out, (name, out["error"])
         # The setup each scenario relies on: the whole hit is on disk and the host pool is short of it.
