@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RUNTIME_TEST_REQS := $(wildcard runtime_patches/requirements-test.txt)
 
-.PHONY: setup cluster prometheus demo test lint bench crds clean
+.PHONY: setup cluster prometheus demo test check lint bench crds clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,12 @@ lint: setup
 
 test: cluster prometheus lint
 	$(PY) -m pytest -q -ra
+
+# The fast tier: lint plus the unit and fake-client tests (no cluster, no runtime tree, no binaries), < 2 min.
+# They mirror modules in tests/test_*.py (tests/conftest.py gives every test its tier; subdirectories hold the
+# other tiers), so only those files are collected.
+check: lint
+	$(PY) -m pytest -q -m "unit or fake" -p no:cacheprovider $(wildcard tests/test_*.py)
 
 bench: cluster
 	$(PY) bench/reconcile.py --compare 20

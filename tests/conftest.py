@@ -26,6 +26,44 @@ from kubernetes.client.rest import ApiException
 from harness.devcluster import DevCluster
 from harness.sim.cluster import SimCluster
 
+# -- Test tiers ------------------------------------------------------------------------------------------
+# Every test gets exactly one tier marker, assigned here from what it uses, so a new test can never be filed in
+# the wrong tier by forgetting a decorator: `make check` runs `unit or fake` (seconds), `make test` runs all.
+TIERS = ("unit", "fake", "runtime", "tools", "integration")
+CLUSTER_FIXTURES = frozenset({"devcluster"})
+"""A test whose fixture closure reaches the real control plane is `integration`."""
+RUNTIME_FIXTURES = frozenset({"tree", "parser", "sglang_tree", "wheel", "parent_tree", "patched_tree", "tree_copy",
+                              "run_probe", "probes"})
+"""Fixtures that unpack or execute sglang 0.5.23's own code (the wheel tree, CPU torch): `runtime`."""
+RUNTIME_DIRS = frozenset({"runtime", "conformance"})
+TOOLS_DIRS = frozenset({"chart", "observability", "router", "sim", "devcluster", "rbac", "corpus", "e2e", "chaos",
+                        "integration", "bench", "gpu"})
+"""Directories whose tests run real binaries (helm, promtool, prometheus, smg, engine stand-ins) or processes."""
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The one tier of a test: an explicit tier marker, else from its fixtures, else from its directory."""
+    explicit = [name for name in TIERS if item.get_closest_marker(name)]
+    if explicit:
+        return explicit[0]
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if fixtures & CLUSTER_FIXTURES:
+        return "integration"
+    parts = Path(str(item.path)).relative_to(Path(__file__).parent).parts
+    sub = parts[0] if len(parts) > 1 else ""
+    if fixtures & RUNTIME_FIXTURES or sub in RUNTIME_DIRS:
+        return "runtime"
+    if sub in TOOLS_DIRS:
+        return "tools"
+    return "unit"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = tier_of(item)
+        if not item.get_closest_marker(tier):
+            item.add_marker(getattr(pytest.mark, tier))
+
 
 def _live_logger(pytestconfig: pytest.Config) -> Callable[[str], None]:
     """Print past pytest's output capture, so a slow first build shows its progress."""
