@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml $(RUNTIME_TEST_REQS)
 	touch $@
 
 cluster: setup
-	@echo "==> building the Kubernetes control plane and etcd, fetching kubectl/helm (first time: about 6 minutes)"
+	@echo "==> building the Kubernetes control plane, etcd and the LeaderWorkerSet controller, fetching kubectl/helm (first time: about 10 minutes)"
 	$(PY) -m harness.devcluster build
 
 prometheus: setup

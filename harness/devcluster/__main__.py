@@ -7,19 +7,20 @@ import signal
 import sys
 import time
 
-from . import DevCluster, DevClusterError, ensure_built, ensure_helm, ensure_kubectl
+from . import DevCluster, DevClusterError, ensure_built, ensure_helm, ensure_kubectl, ensure_lws_built
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.devcluster")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("build", help="build the control plane and etcd, fetch kubectl + helm into the cache")
+    sub.add_parser("build", help="build the control plane, etcd and LWS, fetch kubectl + helm into the cache")
     sub.add_parser("up", help="start a cluster, print its KUBECONFIG, run until interrupted")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "build":
             bins = ensure_built()
             print(f"control plane: {bins.apiserver.parent}")
+            print(f"lws:           {ensure_lws_built().manager}")
             print(f"kubectl:       {ensure_kubectl()}\nhelm:          {ensure_helm()}")
         else:
             _up()

@@ -5,6 +5,12 @@ at the version Kubernetes pins; `go build` fetches the modules from the Go modul
 committed go.sum) and compiles kube-apiserver, kube-controller-manager, kube-scheduler and etcd. The binaries
 land in `~/.cache/qwen-hicache/kube/bin-<hash of go/ and the build flags>/`, each checked by its own
 `--version` before use. A file lock makes concurrent callers (pytest workers, a demo) share one build.
+
+The LeaderWorkerSet controller (`sigs.k8s.io/lws` v0.9.0) is built the same way from a module of its own,
+`go-lws/` (requiring it in `go/` would upgrade the control plane's dependencies), into
+`~/.cache/qwen-hicache/kube/lws-<hash>/`: the `lws-manager` binary plus the files of the same module version
+the harness installs with it (`config/crd/bases`, the webhook manifests and their kustomize patches, the
+manager's ClusterRole).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import select
 import shutil
@@ -25,6 +32,7 @@ from typing import BinaryIO
 
 HERE = Path(__file__).resolve().parent
 GO_DIR = HERE / "go"
+LWS_GO_DIR = HERE / "go-lws"
 KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "3.6.8"
 CACHE_ENV = "QWEN_HICACHE_CACHE"
@@ -44,6 +52,18 @@ PACKAGES = {
 EXPECTED_VERSION = {name: f"Kubernetes {KUBERNETES_VERSION}" for name in PACKAGES} | {
     "etcd": f"etcd Version: {ETCD_VERSION}"
 }
+
+LWS_MODULE, LWS_VERSION = "sigs.k8s.io/lws", "v0.9.0"
+LWS_LDFLAGS = f"-s -w -X {LWS_MODULE}/pkg/version.GitVersion={LWS_VERSION}"
+# What the harness installs next to the controller, copied from the module at the built version.
+LWS_CONFIG_FILES = (
+    "config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml",
+    "config/crd/bases/disaggregatedset.x-k8s.io_disaggregatedsets.yaml",
+    "config/webhook/manifests.yaml",
+    "config/webhook/mutating-patch.yaml",
+    "config/webhook/validating-patch.yaml",
+    "config/rbac/role.yaml",
+)
 
 Log = Callable[[str], None]
 
@@ -66,6 +86,21 @@ class Binaries:
     etcd: Path
 
 
+@dataclass(frozen=True)
+class LwsBuild:
+    """The LeaderWorkerSet controller of one build, with the module's LWS_CONFIG_FILES beside it."""
+
+    root: Path
+
+    @property
+    def manager(self) -> Path:
+        return self.root / "lws-manager"
+
+    def file(self, relative: str) -> Path:
+        """`relative` is one of LWS_CONFIG_FILES (a path inside the module)."""
+        return self.root / relative
+
+
 def cache_root(cache_dir: Path | str | None = None) -> Path:
     """`cache_dir`, else `$QWEN_HICACHE_CACHE`, else ~/.cache/qwen-hicache (never the repo)."""
     if cache_dir is not None:
@@ -78,12 +113,18 @@ def default_cache_dir(cache_dir: Path | str | None = None) -> Path:
     return cache_root(cache_dir) / "kube"
 
 
-def source_hash() -> str:
+def source_hash(go_dir: Path | None = None, ldflags: str = LDFLAGS) -> str:
     """Short digest of the build inputs (go.mod, go.sum, Go sources, flags); names the binaries' directory."""
-    h = hashlib.sha256(LDFLAGS.encode())
-    for path in sorted(p for p in GO_DIR.rglob("*") if p.is_file()):
-        h.update(str(path.relative_to(GO_DIR)).encode() + b"\0" + path.read_bytes() + b"\0")
+    go_dir = GO_DIR if go_dir is None else go_dir
+    h = hashlib.sha256(ldflags.encode())
+    for path in sorted(p for p in go_dir.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(go_dir)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
+
+
+def lws_build(cache_dir: Path | str | None = None) -> LwsBuild:
+    d = default_cache_dir(cache_dir) / f"lws-{source_hash(LWS_GO_DIR, LWS_LDFLAGS)}"
+    return LwsBuild(d)
 
 
 def binaries(cache_dir: Path | str | None = None) -> Binaries:
@@ -125,34 +166,88 @@ def ensure_built(cache_dir: Path | str | None = None, log: Log = print) -> Binar
     return bins
 
 
+def ensure_lws_built(cache_dir: Path | str | None = None, log: Log = print) -> LwsBuild:
+    """The cached LeaderWorkerSet controller, building it first if needed (about 4 minutes cold on 2 cores)."""
+    lws = lws_build(cache_dir)
+    if _lws_ready(lws):
+        return lws
+    with file_lock(default_cache_dir(cache_dir) / "build-lws.lock", log, "building the LeaderWorkerSet controller"):
+        if not _lws_ready(lws):
+            _build_lws(lws, log)
+    return lws
+
+
+def _lws_ready(lws: LwsBuild) -> bool:
+    return os.access(lws.manager, os.X_OK) and (lws.root / ".verified").exists()
+
+
 def _build(bins: Binaries, log: Log) -> None:
+    what = "the Kubernetes control plane"
+    with _staged(bins.etcd.parent, what, log) as (staging, log_path):
+        log(f"devcluster: building Kubernetes {KUBERNETES_VERSION} (kube-apiserver, kube-controller-manager, "
+            f"kube-scheduler) and etcd {ETCD_VERSION} from the Go module proxy; about 6 minutes the first time on "
+            f"2 cores. Log: {log_path}")  # fmt: skip
+        _go_build(what, [str(GO_DIR), "-ldflags", LDFLAGS, "-o", str(staging) + "/", *PACKAGES.values()],
+                  log_path, log)  # fmt: skip
+        _verify(staging, log_path)
+        (staging / ".verified").write_text(f"{KUBERNETES_VERSION} etcd {ETCD_VERSION}\n")
+
+
+def _build_lws(lws: LwsBuild, log: Log) -> None:
+    what = "the LeaderWorkerSet controller"
+    with _staged(lws.root, what, log) as (staging, log_path):
+        log(f"devcluster: building {what} {LWS_VERSION} from the Go module proxy; about 4 minutes the first time "
+            f"on 2 cores. Log: {log_path}")  # fmt: skip
+        manager = LwsBuild(staging).manager
+        _go_build(what, [str(LWS_GO_DIR), "-ldflags", LWS_LDFLAGS, "-o", str(manager), f"{LWS_MODULE}/cmd"],
+                  log_path, log)  # fmt: skip
+        res = subprocess.run([str(manager), "--version"], capture_output=True, text=True, timeout=60)
+        if f"Version: {LWS_VERSION}" not in res.stdout:
+            raise BuildError(f"lws-manager --version printed {res.stdout.strip()!r}, expected {LWS_VERSION} "
+                             f"({log_path})")  # fmt: skip
+        module = _module_dir(log_path)
+        for relative in LWS_CONFIG_FILES:
+            (staging / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(module / relative, staging / relative)
+        (staging / ".verified").write_text(f"{LWS_MODULE} {LWS_VERSION}\n")
+
+
+_GO_ENV = {"CGO_ENABLED": "0", "GOFLAGS": "-mod=readonly -buildvcs=false", "GOTOOLCHAIN": "local"}
+
+
+@contextlib.contextmanager
+def _staged(out: Path, what: str, log: Log) -> Iterator[tuple[Path, Path]]:
+    """(staging directory, build log) for a build into `out`; `out` is replaced only when the body succeeds."""
     if shutil.which("go") is None:
-        raise BuildError("building the Kubernetes control plane needs Go (>= 1.26) on PATH; none was found")
-    out = bins.etcd.parent
+        raise BuildError(f"building {what} needs Go (>= 1.26) on PATH; none was found")
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    log_path = out.with_name(f"build-{source_hash()}.log")
-    log(
-        f"devcluster: building Kubernetes {KUBERNETES_VERSION} (kube-apiserver, kube-controller-manager, "
-        f"kube-scheduler) and etcd {ETCD_VERSION} from the Go module proxy; about 6 minutes the first time on "
-        f"2 cores. Log: {log_path}"
-    )
     started = time.monotonic()
-    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=readonly -buildvcs=false", "GOTOOLCHAIN": "local"}
-    cmd = ["go", "build", "-C", str(GO_DIR), "-trimpath", "-ldflags", LDFLAGS, "-o", str(staging) + "/",
-           *PACKAGES.values()]  # fmt: skip
-    rc = _run_logged(cmd, env, log_path, log)
-    if rc != 0:
-        raise BuildError(
-            f"building the Kubernetes control plane failed (go build exit status {rc}); "
-            f"full log: {log_path}\n--- last lines ---\n{tail(log_path)}"
-        )
-    _verify(staging, log_path)
-    (staging / ".verified").write_text(f"{KUBERNETES_VERSION} etcd {ETCD_VERSION}\n")
+    yield staging, out.with_name(f"build-{out.name}.log")
     shutil.rmtree(out, ignore_errors=True)
     os.replace(staging, out)
     log(f"devcluster: built {out} in {time.monotonic() - started:.0f}s")
+
+
+def _go_build(what: str, args: list[str], log_path: Path, log: Log) -> None:
+    """`go build -C <args...>` with the pinned flags, its output in `log_path`; BuildError on failure."""
+    rc = _run_logged(["go", "build", "-C", args[0], "-trimpath", *args[1:]], {**os.environ, **_GO_ENV}, log_path, log)
+    if rc != 0:
+        raise BuildError(
+            f"building {what} failed (go build exit status {rc}); "
+            f"full log: {log_path}\n--- last lines ---\n{tail(log_path)}"
+        )
+
+
+def _module_dir(log_path: Path) -> Path:
+    """The LWS module's directory in the Go module cache (verified against go-lws/go.sum by `go mod download`)."""
+    cmd = ["go", "mod", "download", "-json", f"{LWS_MODULE}@{LWS_VERSION}"]
+    env = {**os.environ, **_GO_ENV}
+    res = subprocess.run(cmd, cwd=LWS_GO_DIR, env=env, capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        raise BuildError(f"{' '.join(cmd)} failed: {res.stderr.strip() or res.stdout.strip()} ({log_path})")
+    return Path(json.loads(res.stdout)["Dir"])
 
 
 def _verify(bin_dir: Path, log_path: Path) -> None:

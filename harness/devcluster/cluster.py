@@ -1,5 +1,6 @@
 """Start a real Kubernetes 1.36 control plane on loopback: etcd, kube-apiserver, kube-controller-manager and
-kube-scheduler, with fresh certificates, service-account signing keys, RBAC and the default admission chain.
+kube-scheduler, with fresh certificates, service-account signing keys, RBAC and the default admission chain;
+and the real LeaderWorkerSet controller (v0.9.0) with its CRDs and webhooks (harness.devcluster.lws).
 
 Only the node side is simulated (harness.sim: kubelet stand-in and volume provisioner).
 
@@ -30,9 +31,10 @@ import yaml
 
 from harness.deathsig import die_with_parent
 
-from .build import Binaries, DevClusterError, Log, ensure_built, tail
+from . import lws as lws_setup
+from .build import Binaries, DevClusterError, Log, LwsBuild, ensure_built, ensure_lws_built, tail
 
-SUPERVISED = ("kube-controller-manager", "kube-scheduler")
+SUPERVISED = ("kube-controller-manager", "kube-scheduler", "lws-manager")
 SERVICE_CIDR = "10.96.0.0/12"
 SERVICE_IP = "10.96.0.1"  # the `kubernetes` Service's ClusterIP, first of SERVICE_CIDR
 ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -145,7 +147,8 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 class DevCluster:
-    """A throwaway real Kubernetes control plane on 127.0.0.1 (etcd, apiserver, controller-manager, scheduler).
+    """A throwaway real Kubernetes control plane on 127.0.0.1 (etcd, apiserver, controller-manager, scheduler,
+    and the LeaderWorkerSet controller unless `lws=False`).
 
     Use as a context manager, or call start()/stop(). After start(): `.server`, `.kubeconfig` (admin, in
     `system:masters`), `add_user()` for any other identity (RBAC is enforced for it). No node exists until a
@@ -162,6 +165,7 @@ class DevCluster:
         request_log: bool = False,
         node_monitor_grace_s: int = 40,
         toleration_seconds: int = 5,
+        lws: bool = True,
         log: Log = print,
     ) -> None:
         """`request_log=True` audits every API request (see `requests()`); off by default because the log grows
@@ -170,6 +174,7 @@ class DevCluster:
         (300 s) so node-loss tests finish sooner; the grace period still outlasts an API server restart under
         load (chaos tests: 15-20 s on 2 cores), as the real one does, so a restart alone never marks the nodes
         and their pods NotReady.
+        `lws=False` leaves out the LeaderWorkerSet controller (its CRDs, webhooks and manager).
         Everything else runs with the components' defaults."""
         self._binaries, self._cache_dir = binaries, cache_dir
         self.request_log = request_log
@@ -187,6 +192,8 @@ class DevCluster:
         self._supervisor: threading.Thread | None = None
         self._unsupervise = threading.Event()
         self._bins: Binaries | None = None
+        self.lws, self.lws_webhook_port = lws, 0
+        self._lws: LwsBuild | None = None
 
     # ---- public ----
 
@@ -258,6 +265,7 @@ class DevCluster:
         if self.run_dir is not None:
             raise DevClusterError("DevCluster already started")
         self._bins = self._binaries or ensure_built(self._cache_dir, self._log)
+        self._lws = ensure_lws_built(self._cache_dir, self._log) if self.lws else None
         self.run_dir = Path(tempfile.mkdtemp(prefix="qwen-hicache-kube-"))
         started = time.monotonic()
         try:
@@ -266,12 +274,16 @@ class DevCluster:
             self._start_watchdog()
             self._start_servers()
             self._install_storage_class()
+            lws_started = time.monotonic()
+            if self._lws is not None:
+                self._start_lws(self._lws)
         except BaseException:
             self.stop()
             raise
         self.startup_seconds = time.monotonic() - started
+        lws = f" (LeaderWorkerSet controller: {time.monotonic() - lws_started:.1f}s of it)" if self._lws else ""
         self._log(
-            f"devcluster: Kubernetes control plane {self.server} up in {self.startup_seconds:.1f}s; "
+            f"devcluster: Kubernetes control plane {self.server} up in {self.startup_seconds:.1f}s{lws}; "
             f"KUBECONFIG={self.kubeconfig}"
         )
         return self
@@ -294,7 +306,7 @@ class DevCluster:
             self._watchdog.kill()
             self._watchdog.wait()
             self._watchdog = None
-        for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+        for name in ("lws-manager", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
             self._stop_proc(name)
         if self.run_dir is not None:
             shutil.rmtree(self.run_dir, ignore_errors=True)
@@ -404,6 +416,69 @@ class DevCluster:
         body = json.dumps(_STORAGE_CLASS).encode()
         self._request("POST", "/apis/storage.k8s.io/v1/storageclasses", body)
 
+    def _start_lws(self, build: LwsBuild) -> None:
+        """CRDs, RBAC, a serving certificate, the manager, then the webhooks pointing at it (harness.devcluster.lws).
+
+        Order matters: the manager's informers need both CRDs; the webhooks (failurePolicy Fail) are registered
+        only once the server answers, or every LWS pod create would fail."""
+        deadline = time.monotonic() + self.startup_timeout_s
+        d = self._dir
+        crds = lws_setup.crds(build)
+        for crd in crds:
+            self._create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+        role = lws_setup.cluster_role(build)
+        self._create("/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
+        self._create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", lws_setup.role_binding(role))
+        kubeconfig = self.add_user(lws_setup.LWS_USER)
+        (d / "lws-san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+        crt, key = sign_cert(d, "lws-webhook", "/CN=lws-webhook-service", ["-extfile", "lws-san.ext"])
+        certs = d / "lws-certs"
+        certs.mkdir()
+        crt.rename(certs / "tls.crt")
+        key.rename(certs / "tls.key")
+        for name in (c["metadata"]["name"] for c in crds):
+            self._wait_established(name, deadline)
+        self.lws_webhook_port, health_port = free_ports(2)
+        config = d / "lws-config.yaml"
+        config.write_text(yaml.safe_dump(lws_setup.configuration(self.lws_webhook_port, health_port, certs)))
+        self._spawn("lws-manager", [str(build.manager), "--config", str(config), "--kubeconfig", str(kubeconfig),
+                                    "--leader-elect=false", "--zap-devel=false"])  # fmt: skip
+        self._wait_webhook_server(deadline)
+        base = f"https://127.0.0.1:{self.lws_webhook_port}"
+        for hooks in lws_setup.webhook_configurations(build, base, self.ca_cert.read_bytes()):
+            self._create(f"/apis/admissionregistration.k8s.io/v1/{hooks['kind'].lower()}s", hooks)
+
+    def _wait_established(self, crd: str, deadline: float) -> None:
+        while True:
+            code, body = self._call("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}")
+            conds = (json.loads(body).get("status") or {}).get("conditions") or [] if code == 200 else []
+            if any(c.get("type") == "Established" and c.get("status") == "True" for c in conds):
+                return
+            if time.monotonic() > deadline:
+                raise DevClusterError(f"CRD {crd} not Established after {self.startup_timeout_s:.0f}s")
+            time.sleep(0.25)  # each answer is the whole 1.3 MB CRD
+
+    def _wait_webhook_server(self, deadline: float) -> None:
+        """Until the manager's webhook server serves its pod webhook over TLS verified with the harness CA."""
+        ctx = ssl.create_default_context(cafile=str(self.ca_cert))
+        url = f"https://127.0.0.1:{self.lws_webhook_port}/mutate--v1-pod"
+        review = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}).encode()
+        while True:
+            req = urllib.request.Request(url, data=review, method="POST", headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, context=ctx, timeout=2):
+                    return
+            except urllib.error.HTTPError as exc:
+                if exc.code != 404:  # registered (a review without a request is refused, but by the handler)
+                    return
+            except (urllib.error.URLError, OSError):
+                pass
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise DevClusterError(f"the LWS webhook server did not come up in {self.startup_timeout_s:.0f}s"
+                                      f"{self._log_tails()}")  # fmt: skip
+            time.sleep(0.1)
+
     def _supervise(self) -> None:
         """What a kubelet does for the control plane's static pods: a component that exits starts again. The
         scheduler exits on purpose when its cache turns inconsistent (seen after an API server restart in the
@@ -450,17 +525,26 @@ class DevCluster:
             time.sleep(0.1)
 
     def _request(self, method: str, path: str, body: bytes | None = None) -> int:
+        return self._call(method, path, body)[0]
+
+    def _call(self, method: str, path: str, body: bytes | None = None, timeout: float = 5) -> tuple[int, bytes]:
+        """(status, body) of one API request as the admin; status 0 when the server cannot be reached."""
         ctx = ssl.create_default_context(cafile=str(self.ca_cert))
         ctx.load_cert_chain(*map(str, self.client_cert))
         req = urllib.request.Request(self.server + path, data=body, method=method,
                                      headers={"Content-Type": "application/json"})  # fmt: skip
         try:
-            with urllib.request.urlopen(req, context=ctx, timeout=5) as resp:
-                return resp.status
+            with urllib.request.urlopen(req, context=ctx, timeout=timeout) as resp:
+                return resp.status, resp.read()
         except urllib.error.HTTPError as exc:
-            return exc.code
+            return exc.code, exc.read()
         except (urllib.error.URLError, OSError):
-            return 0
+            return 0, b""
+
+    def _create(self, path: str, obj: dict[str, Any]) -> None:
+        code, body = self._call("POST", path, json.dumps(obj).encode(), timeout=30)
+        if code != 201:
+            raise DevClusterError(f"creating {obj['kind']} {obj['metadata']['name']} failed ({code}): {body[:500]!r}")
 
     def _get_ok(self, path: str) -> bool:
         return self._request("GET", path) == 200

@@ -11,7 +11,8 @@ node lifecycle controllers do their work. ``SimCluster`` plays only what needs a
   restarts with the kubelet's crash-loop back-off, status through pods/status);
 - honours graceful deletion: preStop hook, SIGTERM, SIGKILL at the end of the grace period, then the final
   delete (grace 0, uid precondition) that a kubelet makes once the containers have stopped;
-- ``lose_node()``: a machine vanishes (processes killed, no more heartbeats), for node-loss tests.
+- ``lose_node()``: a machine vanishes (processes killed, no more heartbeats), for node-loss tests;
+- plays the cluster DNS for pods' hostname/subdomain records (harness.sim.dns), e.g. LWS_LEADER_ADDRESS.
 
 ``namespace`` only scopes the queries (``ready_pods``, ``record``); the nodes run whatever is bound to them.
 ``history["<ns>/<pod>"]`` is a ``PodRecord`` per pod name for tests to assert on.
@@ -38,6 +39,7 @@ from kubernetes.client.rest import ApiException
 
 from harness.polling import wait_for
 
+from .dns import HOSTS_ENV, HostsFile, records
 from .kubelet import ImageError, PodProcesses, PodRecord, Spawner, http_port, secret_reader
 from .node import NodeAgent, NodeShape
 from .podstatus import ContainerState, pod_status
@@ -47,6 +49,7 @@ from .sglang_tree import TREE_ENV, patched_sglang_tree
 Obj = dict[str, Any]
 BACKOFF_START_S, BACKOFF_MAX_S, BACKOFF_RESET_S = 10.0, 300.0, 600.0  # the kubelet's crash-loop back-off
 STATUS_SYNC_S = 10.0  # the kubelet status manager's syncPeriod
+DNS_REFRESH_S = 0.5  # how often the published DNS records follow the pods (CoreDNS follows a watch)
 LOG_TAIL_BYTES, LOG_TAIL_LINES = 2048, 80  # terminationMessagePolicy: FallbackToLogsOnError takes this much
 
 
@@ -139,8 +142,11 @@ class SimCluster:
         self._engine_env: dict[str, str] = {}
         self._secrets = secret_reader(self.core)
         host = api_client.configuration.host.split("://", 1)[-1]
+        self._hosts = HostsFile(self.root / ".dns" / "hosts.json")
+        self._next_dns = 0.0
         self._api_env = {"KUBERNETES_SERVICE_HOST": host.rsplit(":", 1)[0],
-                         "KUBERNETES_SERVICE_PORT": host.rsplit(":", 1)[1]}  # fmt: skip
+                         "KUBERNETES_SERVICE_PORT": host.rsplit(":", 1)[1],
+                         HOSTS_ENV: str(self._hosts.path)}  # fmt: skip
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> SimCluster:
@@ -272,6 +278,18 @@ class SimCluster:
                 self._start(obj)  # (a name still in self.pods is the old incarnation, stopping)
         self._probe()
         self._resync_status(bound)
+        self._publish_dns(listed)
+
+    def _publish_dns(self, pods: list[Obj]) -> None:
+        """The cluster DNS's pod records, from every pod and headless Service in the API (all namespaces)."""
+        if time.monotonic() < self._next_dns:
+            return
+        self._next_dns = time.monotonic() + DNS_REFRESH_S
+        if not any((p.get("spec") or {}).get("subdomain") for p in pods):
+            self._hosts.publish({})
+            return
+        services = self.api.sanitize_for_serialization(self.core.list_service_for_all_namespaces()).get("items")
+        self._hosts.publish(records(pods, services or []))
 
     def _resync_status(self, bound: dict[str, Obj]) -> None:
         """The kubelet's status manager: every STATUS_SYNC_S it re-posts a pod whose Ready condition in the API

@@ -8,7 +8,7 @@ on the pod IP and its ``http`` port; the operator image runs ``qwen-hicache run`
 namespace, where the pod's service-account token, CA and namespace files (made through the real
 TokenRequest API) are bound at /var/run/secrets/kubernetes.io/serviceaccount, as in a real pod. A
 wildcard address (0.0.0.0) in a container's args becomes the pod IP, so nothing listens beyond loopback.
-No images, cgroups, users or liveness probes; readiness follows the runtime's /ready or an httpGet probe.
+No images, cgroups, users or liveness probes; readiness follows the main container's httpGet probe (none: ready).
 """
 
 from __future__ import annotations
@@ -196,6 +196,7 @@ class PodProcesses:
         podnet = str(Path(__file__).resolve().parent / "podnet")  # wildcard binds narrowed to the pod IP
         keep["PYTHONPATH"] = os.pathsep.join(filter(None, [podnet, str(REPO), keep.get("PYTHONPATH")]))
         keep["QWEN_HICACHE_SIM_POD_IP"] = self.ip
+        keep["QWEN_HICACHE_SIM_POD_NAMESPACE"] = self.pod["metadata"]["namespace"]  # the DNS search path
         return keep
 
     def argv(self, container: Obj, env: dict[str, str], map_paths: bool = True) -> list[str]:
@@ -278,9 +279,7 @@ class PodProcesses:
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return False
-        if self.container["name"] == RUNTIME_CONTAINER:
-            return self._http_ok(self.port(), "/ready", timeout)
-        probe = (self.container.get("readinessProbe") or {}).get("httpGet")
+        probe = (self.container.get("readinessProbe") or {}).get("httpGet")  # the path it declares, /ready or not
         if not probe:
             return True
         return self._http_ok(_probe_port(self.container, probe["port"]), probe.get("path", "/"), timeout)

@@ -41,6 +41,7 @@ def statefulset(replicas: int) -> dict:
                 {"name": "QWEN_HICACHE_ADMIN_API_KEY",
                  "valueFrom": {"secretKeyRef": {"name": "demo-admin", "key": "key"}}}],
         "ports": [{"name": "http", "containerPort": 30000}],
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 1},
         "volumeMounts": [{"name": "model", "mountPath": "/models"},
                          {"name": "hicache", "mountPath": "/var/cache/hicache"}],
         "lifecycle": {"preStop": {"exec": {"command": ["python3", "-c", PRESTOP]}}},

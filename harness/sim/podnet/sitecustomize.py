@@ -3,12 +3,18 @@
 In a real pod, binding 0.0.0.0 reaches only the pod's interface. Here every pod shares the host's network, so
 a wildcard bind is narrowed to the pod IP (``QWEN_HICACHE_SIM_POD_IP``): nothing a test starts listens beyond
 loopback, and two pods can use the same port. Loaded through PYTHONPATH only for processes the stand-in runs.
+
+Names are resolved as a pod's cluster DNS would first (``QWEN_HICACHE_SIM_HOSTS``, the records harness.sim.dns
+publishes, with the pod's namespace as its search path), then by the host's resolver.
 """
 
+import json
 import os
 import socket
 
 _POD_IP = os.environ.get("QWEN_HICACHE_SIM_POD_IP")
+_HOSTS = os.environ.get("QWEN_HICACHE_SIM_HOSTS")
+_NAMESPACE = os.environ.get("QWEN_HICACHE_SIM_POD_NAMESPACE")
 _WILDCARDS = {"", "0.0.0.0", "::", "0:0:0:0:0:0:0:0"}
 
 if _POD_IP:
@@ -22,3 +28,28 @@ if _POD_IP:
         return _bind(self, address)
 
     socket.socket.bind = _pod_bind  # type: ignore[method-assign]
+
+if _HOSTS:
+    _getaddrinfo, _gethostbyname = socket.getaddrinfo, socket.gethostbyname
+
+    def _cluster_ip(host: object) -> object:
+        """The record's IP for a cluster name, else the name unchanged (read fresh: records follow pods)."""
+        if not isinstance(host, str) or "." not in host or host.replace(".", "").isdigit():
+            return host
+        from harness.sim.dns import lookup
+
+        try:
+            with open(_HOSTS) as fh:
+                table = json.load(fh)
+        except (OSError, ValueError):
+            return host
+        return lookup(table, host, _NAMESPACE) or host
+
+    def _pod_getaddrinfo(host: object, *args: object, **kwargs: object) -> list:
+        return _getaddrinfo(_cluster_ip(host), *args, **kwargs)  # type: ignore[arg-type]
+
+    def _pod_gethostbyname(host: str) -> str:
+        return _gethostbyname(_cluster_ip(host))  # type: ignore[arg-type]
+
+    socket.getaddrinfo = _pod_getaddrinfo  # type: ignore[assignment]
+    socket.gethostbyname = _pod_gethostbyname  # type: ignore[assignment]
