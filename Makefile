@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RUNTIME_TEST_REQS := $(wildcard runtime_patches/requirements-test.txt)
 
-.PHONY: setup cluster prometheus demo test check lint bench crds clean
+.PHONY: setup cluster prometheus images images-ci demo test check lint bench crds clean
 
 setup: $(STAMP)
 
@@ -26,13 +26,23 @@ prometheus: setup
 	@echo "==> building Prometheus and promtool from harness/prometheus/go.mod (first time: several minutes)"
 	$(PY) -m harness.prometheus.build
 
-demo: cluster
+# Images (harness/images): buildah, mmdebstrap and runc from Debian's packages (apt-get, once per machine), a local
+# Debian bookworm base, then the committed Dockerfiles; cached in ~/.cache/qwen-hicache/containers per input.
+images: setup
+	@echo "==> building all three images in full (the runtime's CUDA dependency set is several GB)"
+	$(PY) -m harness.images build --full
+
+images-ci: setup
+	@echo "==> building the operator and router images, the runtime's patched-tree target and its test layer"
+	$(PY) -m harness.images build
+
+demo: cluster images-ci
 	$(PY) -m harness.demo
 
 lint: setup
 	$(VENV)/bin/ruff check operator harness tests bench runtime_patches
 
-test: cluster prometheus lint
+test: cluster prometheus images-ci lint
 	$(PY) -m pytest -q -ra
 
 # The fast tier: lint plus the unit and fake-client tests (no cluster, no runtime tree, no binaries), < 2 min.
@@ -41,7 +51,7 @@ test: cluster prometheus lint
 check: lint
 	$(PY) -m pytest -q -m "unit or fake" -p no:cacheprovider $(wildcard tests/test_*.py)
 
-bench: cluster
+bench: cluster images-ci
 	$(PY) bench/reconcile.py --compare 20
 	$(PY) bench/file_tier.py
 	$(PY) bench/routing.py

@@ -4,7 +4,10 @@
 Run after editing a patch, the series, or the pinned wheel; review the diff of
 manifest.json like code. Reads the pinned wheel (zip) directly, stdlib only:
 
-    python3 runtime_patches/regen.py --wheel PATH/sglang-0.5.23-cp312-...whl [--version V]
+    python3 runtime_patches/regen.py --wheel PATH/sglang-0.5.23-cp312-...whl [--version V] \
+        [--abi-wheel PATH/sglang-0.5.23-cp311-...whl]   # pin the same release's wheel for another ABI
+
+Pinned ABI variants (``parent.abi_variants``) are kept unless a new wheel for that ABI is given.
 """
 
 from __future__ import annotations
@@ -52,7 +55,16 @@ def chain_patches(files: dict[str, bytes], names: list[str], rp_dir: Path) -> li
     return entries
 
 
-def regenerate(wheel: Path, rp_dir: Path, version: str | None) -> dict:
+def abi_variant(wheel: Path) -> tuple[str, dict]:
+    """(ABI tag, entry) for ``parent.abi_variants``: the wheel and its native extensions' hashes."""
+    native = {p: verify.sha256_bytes(d) for p, d in wheel_files(wheel).items() if verify.NATIVE_RE.search(p)}
+    tag = verify.native_tag(native)
+    if tag is None:
+        raise SystemExit(f"{wheel.name} has no native extensions: it needs no ABI variant")
+    return tag, {"wheel": wheel.name, "wheel_sha256": verify.sha256_file(wheel), "native": native}
+
+
+def regenerate(wheel: Path, rp_dir: Path, version: str | None, abi_wheels: tuple[Path, ...] = ()) -> dict:
     old = verify.load_manifest(rp_dir) if (rp_dir / "manifest.json").exists() else {}
     parent = old.get("parent", {})
     files = wheel_files(wheel)
@@ -72,6 +84,7 @@ def regenerate(wheel: Path, rp_dir: Path, version: str | None) -> dict:
             "inventory": inv_name,
             "inventory_sha256": verify.sha256_bytes(inv_bytes),
             "file_count": len(inventory),
+            "abi_variants": {**parent.get("abi_variants", {}), **dict(map(abi_variant, abi_wheels))},
         },
         "patches": patches,
         "result": {
@@ -87,9 +100,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--wheel", type=Path, required=True)
     ap.add_argument("--version", help="new series version label (default: keep)")
+    ap.add_argument("--abi-wheel", type=Path, action="append", default=[], help="the same release for another ABI")
     ap.add_argument("--patches-dir", type=Path, default=HERE, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    manifest = regenerate(args.wheel, args.patches_dir, args.version)
+    manifest = regenerate(args.wheel, args.patches_dir, args.version, tuple(args.abi_wheel))
     print(json.dumps({"series_version": manifest["series_version"], **manifest["result"]}))
     return 0
 

@@ -10,9 +10,15 @@ file -- exits non-zero with one line naming the first difference.
     python3 runtime_patches/verify.py --tree SITE        # SITE/sglang must be the patched result
     python3 runtime_patches/verify.py --tree SITE --expect parent   # ... or the pinned parent (either: any)
     python3 runtime_patches/verify.py --tree SITE --apply  # verify parent, apply, verify result
+    python3 runtime_patches/verify.py --tree SITE --ignore-bytecode  # a built image: __pycache__ left aside
 
 A symlink anywhere under SITE/sglang fails (it could point the checked path at unchecked bytes), and the
 manifest's wheel sha256 must be one of the hashes requirements.lock pins for the same sglang version.
+
+The parent's wheel carries native extensions named for one CPython ABI (``*.cpython-312-*.so``). A tree
+installed from the same release's wheel for another ABI (the images' CPython 3.11) differs in exactly those
+files: ``parent.abi_variants[TAG]`` pins that wheel and each of its native files, the tree's own extension
+names say which ABI it is, and every other file is checked against the one inventory.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PACKAGE = "sglang"
+NATIVE_RE = re.compile(r"\.(cpython-3\d+)-[^/]*\.so$")  # a native extension, named for its ABI
 HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 NO_EOL = "\\ No newline at end of file"
 
@@ -175,6 +182,46 @@ def check_lock(rp_dir: Path, parent: dict) -> None:
                     f"hashes for {PACKAGE}=={parent['version']}")
 
 
+def native_tag(inventory: dict[str, str]) -> str | None:
+    """The one CPython ABI the tree's native extensions are built for (None: it has none)."""
+    tags = {m.group(1) for path in inventory if (m := NATIVE_RE.search(path))}
+    if len(tags) > 1:
+        raise Drift(f"native extensions for several ABIs in one tree: {sorted(tags)}")
+    return next(iter(tags), None)
+
+
+def for_abi(manifest: dict, parent_inv: dict[str, str], result: dict[str, str],
+            tag: str | None) -> tuple[dict[str, str], dict[str, str]]:  # fmt: skip
+    """(parent, result) inventories for a tree whose native extensions are built for ``tag``."""
+    canonical = native_tag(parent_inv)
+    if tag is None or tag == canonical:
+        return parent_inv, result
+    variant = manifest["parent"].get("abi_variants", {}).get(tag)
+    if variant is None:
+        raise Drift(f"the manifest pins {PACKAGE} for {canonical} only; parent.abi_variants has no {tag}")
+    natives = {p for p in parent_inv if NATIVE_RE.search(p)}
+    if set(variant["native"]) != {p.replace(f".{canonical}-", f".{tag}-") for p in natives}:
+        raise Drift(f"abi_variants[{tag}] does not name the parent's native extensions for {tag}")
+    if any(NATIVE_RE.search(path) for entry in manifest["patches"] for path in entry["files"]):
+        raise Drift("a patch touches a native extension: no ABI variant can be derived")
+
+    def swap(inv: dict[str, str]) -> dict[str, str]:
+        return {**{p: d for p, d in inv.items() if p not in natives}, **variant["native"]}
+
+    return swap(parent_inv), swap(result)
+
+
+def check_variants(rp_dir: Path, manifest: dict, parent_inv: dict[str, str], result: dict[str, str]) -> None:
+    """Every ABI variant's wheel is one the lock installs, and its native files replace the parent's one for one."""
+    parent = manifest["parent"]
+    hashes = lock_hashes(rp_dir, PACKAGE, parent["version"])
+    for tag, variant in parent.get("abi_variants", {}).items():
+        if variant["wheel_sha256"] not in hashes:
+            raise Drift(f"abi_variants[{tag}] wheel sha256 {variant['wheel_sha256'][:16]} is not among "
+                        f"requirements.lock's hashes for {PACKAGE}=={parent['version']}")
+        for_abi(manifest, parent_inv, result, tag)
+
+
 def check_manifest(rp_dir: Path) -> tuple[dict, dict[str, str], dict[str, str]]:
     """Check everything that needs no tree; return (manifest, parent, expected result)."""
     manifest = load_manifest(rp_dir)
@@ -206,11 +253,13 @@ def check_manifest(rp_dir: Path) -> tuple[dict, dict[str, str], dict[str, str]]:
         raise Drift("patched inventory digest drift: the chained hashes do not give the manifest's result")
     if len(state) != result["file_count"]:
         raise Drift(f"patched count drift: manifest {result['file_count']}, chain gives {len(state)}")
+    check_variants(rp_dir, manifest, parent_inv, state)
     return manifest, parent_inv, state
 
 
-def tree_inventory(site: Path) -> dict[str, str]:
-    """Every file under SITE/sglang, path relative to SITE -> sha256."""
+def tree_inventory(site: Path, ignore_bytecode: bool = False) -> dict[str, str]:
+    """Every file under SITE/sglang, path relative to SITE -> sha256 (``__pycache__`` left out when asked:
+    the image byte-compiles the tree after verifying it)."""
     root = site / PACKAGE
     if root.is_symlink():
         raise Drift(f"symlink in tree: {PACKAGE}")
@@ -218,6 +267,8 @@ def tree_inventory(site: Path) -> dict[str, str]:
         raise Drift(f"no {PACKAGE}/ package under {site}")
     inventory = {}
     for dirpath, dirs, files in os.walk(root):
+        if ignore_bytecode:
+            dirs[:] = [d for d in dirs if d != "__pycache__" or Path(dirpath, d).is_symlink()]
         for name in (*dirs, *files):
             full = Path(dirpath, name)
             if full.is_symlink():
@@ -262,7 +313,7 @@ def apply_series(site: Path, rp_dir: Path, manifest: dict) -> None:
                 target.write_bytes(new)
 
 
-def run(rp_dir: Path, tree: Path | None, apply: bool, expect: str = "patched") -> dict:
+def run(rp_dir: Path, tree: Path | None, apply: bool, expect: str = "patched", ignore_bytecode: bool = False) -> dict:
     manifest, parent, result = check_manifest(rp_dir)
     summary = {
         "ok": True,
@@ -275,7 +326,10 @@ def run(rp_dir: Path, tree: Path | None, apply: bool, expect: str = "patched") -
     }
     if tree is None:
         return {**summary, "mode": "manifest"}
-    actual = tree_inventory(tree)
+    actual = tree_inventory(tree, ignore_bytecode and not apply)
+    tag = native_tag(actual)
+    parent, result = for_abi(manifest, parent, result, tag)
+    summary["abi"] = tag or native_tag(parent)
     if apply:
         diff = first_difference(actual, parent, "tree is not the pinned parent")
         if diff:
@@ -304,12 +358,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--apply", action="store_true", help="apply the series to --tree, verifying both ends")
     ap.add_argument("--expect", choices=("patched", "parent", "either"), default="patched",
                     help="what --tree (without --apply) must be (default: patched)")
+    ap.add_argument("--ignore-bytecode", action="store_true",
+                    help="leave __pycache__ directories out of the --tree check (a byte-compiled image)")
     ap.add_argument("--patches-dir", type=Path, default=HERE, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.apply and args.tree is None:
         ap.error("--apply needs --tree")
     try:
-        summary = run(args.patches_dir, args.tree, args.apply, args.expect)
+        summary = run(args.patches_dir, args.tree, args.apply, args.expect, args.ignore_bytecode)
     except (Drift, OSError, KeyError, ValueError) as exc:
         print(f"runtime_patches verify FAILED: {exc}", file=sys.stderr)
         return 1

@@ -1,0 +1,5 @@
+import sys
+
+from harness.images.build import main
+
+sys.exit(main())
