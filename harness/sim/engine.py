@@ -10,6 +10,12 @@ no request runs and no disk backup is in flight, then clears device and host; 40
 ``POST /generate`` (byte-level tokens, deterministic text, ``meta_info.cached_tokens_details`` with
 ``--enable-cache-report``) and ``POST /hicache/storage-backend/clear``. ``GET /sim/info`` is the harness's own window.
 
+Multi-node (``--nnodes N --node-rank K --dist-init-addr HOST:PORT``, harness.sim.group): node 0 serves all of the
+above once every node joined; node K holds TP ranks ``[K*tp/N, (K+1)*tp/N)`` on its own disk (only rank 0 creates the
+cache directory, as the runtime's ``HiCacheFile``), serves only ``/health``, ``/health_generate`` and ``/ping`` (the
+runtime's dummy health server, up only once it joined), ignores SIGTERM and exits when node 0 shuts the group down.
+A disk hit is the MIN over every node's ranks.
+
 What is real: the disk tier (``HiCacheFile`` from the pinned, patched wheel: file names, write,
 read, discard and prefix-existence code), the page-key chain, the 256-token prefetch threshold, and,
 compiled from the tree the stand-in reads (``harness.sim.runtime_code``; parent or patched alike):
@@ -52,6 +58,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--model-path", default="sim-model")
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--dist-init-addr", "--nccl-init-addr", default=None)
     p.add_argument("--admin-api-key", default=None)
     p.add_argument("--enable-cache-report", action="store_true")
     p.add_argument("--enable-metrics", action="store_true")
@@ -71,7 +80,57 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.sim_cold = args.sim_cold or os.environ.get(COLD_ENV, "") not in ("", "0")
     extra = json.loads(args.hicache_storage_backend_extra_config or "{}")
     args.prefetch_threshold = int(extra.get("prefetch_threshold", DEFAULT_PREFETCH_THRESHOLD))
+    if args.nnodes < 1 or args.tp_size % args.nnodes:
+        p.error("tp_size must be divisible by number of nodes")  # the runtime's validation_hook
+    if not 0 <= args.node_rank < args.nnodes:
+        p.error(f"--node-rank {args.node_rank} is not below --nnodes {args.nnodes}")
+    if args.nnodes > 1 and not args.dist_init_addr:
+        p.error("--dist-init-addr is required with --nnodes > 1")
     return args
+
+
+def shape(args: argparse.Namespace) -> dict[str, Any]:
+    """What every node of a group must agree on to join it."""
+    return {"nnodes": args.nnodes, "tp_size": args.tp_size, "model": args.served_model_name, "page": args.page_size}
+
+
+def open_disk(args: argparse.Namespace, tree_info: dict) -> Any:
+    """This node's ranks of the file tier (the real HiCacheFile of the tree); fills ``tree_info``."""
+    from harness.sim import group, sglang_tree, tiers
+
+    tree = os.environ.get(sglang_tree.TREE_ENV) or sglang_tree.patched_sglang_tree()
+    tree_info.update({"path": str(tree), **sglang_tree.tree_info(tree)})
+    hs = sglang_tree.import_hicache_storage(tree)
+    directory = os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR") or "/tmp/hicache"
+    ranks = group.node_ranks(args.tp_size, args.nnodes, args.node_rank)
+    return tiers.DiskTier(hs, directory, args.served_model_name, args.tp_size, args.page_size, args.sim_write_delay,
+                          tree, ranks=ranks)  # fmt: skip
+
+
+class RemoteDisk:
+    """Another node's disk tier, seen from node 0: the calls the group's collectives make (harness.sim.group)."""
+
+    def __init__(self, peer: Any) -> None:
+        self.peer = peer
+
+    def restorable(self, keys: list[str]) -> list[int]:
+        return self.peer.call("restorable", keys=keys)
+
+    def verify(self, keys: list[str], n: int, good: int = 0) -> tuple[int, bool]:
+        verified, ok = self.peer.call("verify", keys=keys, n=n, good=good)
+        return verified, ok
+
+    def enqueue(self, keys: list[str]) -> None:
+        self.peer.call("backup", keys=keys)
+
+    def pending(self) -> int:
+        return self.peer.call("pending")
+
+    def clear(self) -> None:
+        self.peer.call("clear")
+
+    def info(self) -> dict:
+        return self.peer.call("info")
 
 
 class Engine:
@@ -93,6 +152,12 @@ class Engine:
         self._flush_lock = threading.Lock()
         self._flush_machinery: tuple[Any, Any] | None = None
         self._flush_replies: list[Any] = []
+        self.group: Any = None  # node 0 of a multi-node group: harness.sim.group.Leader
+        if args.nnodes > 1:
+            from harness.sim import group
+
+            host, port = group.parse_addr(args.dist_init_addr)
+            self.group = group.Leader(args.host, port, args.nnodes, shape(args))
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -103,22 +168,14 @@ class Engine:
         time.sleep(self.args.sim_startup_seconds)
         try:
             if self.args.hicache_storage_backend == "file":
-                self.disk = self._open_disk()
+                self.disk = open_disk(self.args, self.tree)
         except Exception:
             traceback.print_exc()
             sys.stderr.flush()
             os._exit(1)
+        if self.group is not None:
+            self.group.wait_formed()  # the schedulers block in the distributed init until every rank joined
         self.state = "ready"
-
-    def _open_disk(self) -> Any:
-        from harness.sim import sglang_tree
-
-        tree = os.environ.get(sglang_tree.TREE_ENV) or sglang_tree.patched_sglang_tree()
-        self.tree = {"path": str(tree), **sglang_tree.tree_info(tree)}
-        hs = sglang_tree.import_hicache_storage(tree)
-        directory = os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR") or "/tmp/hicache"
-        a = self.args
-        return self.tiers.DiskTier(hs, directory, a.served_model_name, a.tp_size, a.page_size, a.sim_write_delay, tree)
 
     def drain(self) -> None:
         """SIGTERM: /ready and /health turn 503, running requests finish; then the scheduler's graceful exit, the
@@ -127,6 +184,8 @@ class Engine:
         self.state = "stopping"
         while self.running:
             time.sleep(0.01)
+        if self.group is not None:
+            self.group.shutdown()  # the ShutdownReq broadcast: every node drains its own queue
         if self.disk is not None:
             self.disk.release_host_resources()
 
@@ -158,7 +217,7 @@ class Engine:
         s = 0
         if self.disk is not None and not self.args.sim_cold and matchable[d + h :]:
             min_pages = -(-self.args.prefetch_threshold // page)
-            s = self.disk.load(keys[: len(matchable)], d + h + min_pages) - d - h
+            s = self.disk.load(keys[: len(matchable)], d + h + min_pages, self.peers()) - d - h
             s = max(s, 0)
         self._insert(keys)
         details = {"device": d * page, "host": h * page, "storage": s * page}
@@ -172,7 +231,19 @@ class Engine:
         evicted = self.device.add(keys)
         self.host.add(keys if self.args.hicache_write_policy != "write_back" else evicted)
         if self.disk is not None and keys:
-            self.disk.enqueue(keys if self.args.hicache_write_policy != "write_back" else evicted)
+            backup = keys if self.args.hicache_write_policy != "write_back" else evicted
+            self.disk.enqueue(backup)
+            for peer in self.peers():  # every rank backs up its own shard of the same pages
+                peer.enqueue(backup)
+
+    def peers(self) -> list[Any]:
+        """The group's other nodes, as disk tiers (harness.sim.group's RemoteDisk); none on a single node."""
+        return [] if self.group is None else [RemoteDisk(p) for p in self.group.ordered()]
+
+    def pending(self) -> int:
+        """Backups not yet acked by every rank of the group (the runtime's ack consensus is a MIN over ranks)."""
+        local = self.disk.pending() if self.disk is not None else 0
+        return max([local, *(peer.pending() for peer in self.peers())])
 
     def _response(self, tokens: list[int], sampling: dict, details: dict[str, int]) -> dict:
         n_out = int(sampling.get("max_new_tokens", 16))
@@ -210,7 +281,7 @@ class Engine:
             return True, "Cache flushed.\n"
         if "already in progress" in (reply.message or ""):
             return False, f"Flush cache failed: {reply.message}\n"
-        if self.disk.pending():
+        if self.pending():
             return False, "Flush cache failed: the storage backup did not finish in time.\n"
         return False, "Flush cache failed: requests are still running.\n"
 
@@ -228,7 +299,7 @@ class Engine:
 
         from harness.sim import runtime_code
 
-        tree, disk = self.tree["path"], self.disk
+        tree, disk, engine = self.tree["path"], self.disk, self
         mode = enum.Enum("DisaggregationMode", "NULL PREFILL DECODE")
         memory = SimpleNamespace(hicache_host_memory_mode="full")
         is_fully_idle = runtime_code.is_fully_idle(tree, {"DisaggregationMode": mode, "get_memory": lambda: memory})
@@ -242,6 +313,8 @@ class Engine:
             @property
             def ongoing_backup(self) -> dict:
                 disk.pending()  # the scheduler takes the acks each iteration before it checks
+                if not disk.ongoing_backup[0] and engine.pending():
+                    return {-1: -1}  # another node's ranks have not acked: the consensus is still waiting
                 return disk.ongoing_backup[0]
 
         scheduler = SimpleNamespace(
@@ -322,13 +395,18 @@ class Engine:
             "host_pages": len(self.host.pages),
             "disk_dir": disk.directory if disk else None,
             "disk_files": disk.file_count() if disk else 0,
-            "pending_writes": disk.pending() if disk else 0,
+            "pending_writes": self.pending(),
             "corrupt_pages": disk.corrupt_pages if disk else 0,
             "wrong_bytes_served": disk.stats.wrong_bytes_served if disk else 0,
             "read_errors": disk.stats.read_errors[-5:] if disk else [],
             "cold": self.args.sim_cold,
             "tree": self.tree,
             "pid": os.getpid(),
+            "node_rank": 0,
+            "nnodes": self.args.nnodes,
+            "ranks": disk.ranks if disk else [],
+            "read_prefixes": disk.stats.read_prefixes if disk else 0,
+            "peers": [peer.info() for peer in self.peers()],
         }
 
 
@@ -387,10 +465,13 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": f"no route {path}"})
 
     def _clear_storage(self) -> None:
-        disk = self.server.engine.disk
+        engine = self.server.engine
+        disk = engine.disk
         if self._admin_ok():
             if disk is not None:
                 disk.clear()
+                for peer in engine.peers():  # a control request reaches every rank
+                    peer.clear()
             self._send(200 if disk is not None else 400, {"success": disk is not None})
 
     def _generate(self, body: bytes) -> None:
@@ -417,6 +498,8 @@ class Handler(BaseHTTPRequestHandler):
 
 def serve(args: argparse.Namespace) -> int:
     """Bind first (so /health answers 503 while starting), start, serve until SIGTERM/SIGINT."""
+    if args.node_rank > 0:
+        return serve_worker(args)
     engine = Engine(args)
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
@@ -436,6 +519,102 @@ def serve(args: argparse.Namespace) -> int:
     server.server_close()
     sys.stdout.flush()
     os._exit(0)  # the backup thread dies with its queue, as the runtime drops queued writes
+
+
+class Worker:
+    """Node K > 0 of a group: its ranks' disk tier, answering node 0's collectives (harness.sim.group)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args, self.tree, self.disk = args, {}, None
+        self.joined = False
+
+    def handle(self, msg: dict) -> Any:
+        disk, op = self.disk, msg["op"]
+        if op == "restorable":  # a cold node (QWEN_HICACHE_SIM_COLD) finds nothing, so the group misses
+            return [] if disk is None or self.args.sim_cold else disk.restorable(msg["keys"])
+        if op == "verify":
+            return list(disk.verify(msg["keys"], msg["n"], msg["good"])) if disk is not None else [0, False]
+        if op == "backup":
+            if disk is not None:
+                disk.enqueue(msg["keys"])
+            return None
+        if op == "pending":
+            return disk.pending() if disk is not None else 0
+        if op == "clear":
+            if disk is not None:
+                disk.clear()
+            return None
+        if op == "info":
+            return self.info()
+        raise ValueError(f"unknown request {op!r}")
+
+    def info(self) -> dict:
+        out = {"node_rank": self.args.node_rank, "joined": self.joined, "cold": self.args.sim_cold, "pid": os.getpid(),
+               "ranks": [], "disk_dir": None, "disk_files": 0}  # fmt: skip
+        if (disk := self.disk) is not None:
+            out.update(ranks=disk.ranks, disk_dir=disk.directory, disk_files=disk.file_count(),
+                       pending_writes=disk.pending(), read_prefixes=disk.stats.read_prefixes,
+                       backuped_pages=disk.stats.backuped_pages, corrupt_pages=disk.corrupt_pages)  # fmt: skip
+        return out
+
+
+class WorkerHandler(Handler):
+    """The runtime's dummy health server on nodes > 0: /health, /health_generate and /ping only."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        path = urlparse(self.path).path
+        if path in ("/health", "/health_generate", "/ping"):
+            self._send(200, "")
+        elif path == "/sim/info":
+            self._send(200, self.server.worker.info())
+        else:
+            self._send(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        self._send(404, {"detail": "Not Found"})
+
+
+def serve_worker(args: argparse.Namespace) -> int:
+    """Node K > 0: open its ranks' disk, join node 0, then serve the dummy health server and node 0's requests
+    until node 0 shuts the group down (drain, exit 0) or goes away (exit 1). SIGTERM is ignored, as the runtime's
+    non-zero ranks do: only node 0's shutdown or the kubelet's SIGKILL ends them."""
+    from harness.sim import group
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    worker = Worker(args)
+    time.sleep(args.sim_startup_seconds)
+    try:
+        if args.hicache_storage_backend == "file":
+            worker.disk = open_disk(args, worker.tree)
+    except Exception:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    sock, reader = group.join(args.dist_init_addr, {"node_rank": args.node_rank, **shape(args)}, say)
+    worker.joined = True
+    server = ThreadingHTTPServer((args.host, args.port), WorkerHandler)
+    server.daemon_threads = True
+    server.worker = worker  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    say(f"node {args.node_rank} joined the group at {args.dist_init_addr} (ranks {worker.info()['ranks']})")
+    for line in reader:
+        msg = json.loads(line)
+        if msg["op"] == "shutdown":
+            if worker.disk is not None:
+                worker.disk.release_host_resources()  # patch 0003's drain on this node's ranks
+            sys.stdout.flush()
+            os._exit(0)
+        try:
+            reply = {"id": msg.get("id"), "result": worker.handle(msg)}
+        except Exception as exc:  # noqa: BLE001 - answered, as a rank's failed request
+            reply = {"id": msg.get("id"), "error": f"{type(exc).__name__}: {exc}"}
+        sock.sendall(json.dumps(reply).encode() + b"\n")
+    say("node 0 went away: the TP group is broken; exiting")
+    os._exit(1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -94,6 +94,8 @@ class DiskStats:
     wrong_bytes_served: int = 0
     """Pages the runtime's get() accepted whose bytes are not the ones written (the runtime would use them)."""
     read_errors: list[str] = field(default_factory=list)
+    read_prefixes: int = 0
+    """Prefixes this node read back whole (its part of a group's hit)."""
 
 
 class PagePayloads:
@@ -132,14 +134,17 @@ class DiskTier:
     """
 
     def __init__(self, hs: ModuleType, directory: str, model: str, tp_size: int, page_size: int,
-                 write_delay: float = 0.0, tree: str | os.PathLike | None = None) -> None:  # fmt: skip
+                 write_delay: float = 0.0, tree: str | os.PathLike | None = None,
+                 ranks: range | None = None) -> None:  # fmt: skip
+        """`ranks`: the TP ranks this node runs (all of them on a single node; harness.sim.group.node_ranks)."""
         from harness.sim import runtime_code
 
         self.hs, self.page_size, self.write_delay = hs, page_size, write_delay
+        self.ranks = list(range(tp_size) if ranks is None else ranks)
         os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = directory  # the runtime's highest-priority source
-        self.configs = [self._config(model, rank, tp_size) for rank in range(tp_size)]
+        self.configs = [self._config(model, rank, tp_size) for rank in self.ranks]
         self.stores = [hs.HiCacheFile(config, file_path=directory) for config in self.configs]
-        self.directory = self.stores[0].file_path
+        self.directory = self.stores[0].file_path  # created by tp_rank 0 only, as the runtime does
         self.stats = DiskStats()
         self.queued: set[str] = set()
         self.tree = Path(tree) if tree is not None else Path(hs.__file__).parents[3]
@@ -149,10 +154,10 @@ class DiskTier:
         self._next_slot = 0
         self.lock = threading.Lock()
         self.pools = [{pool: PagePayloads(self, pool, rank, 1 if pool == MAMBA else page_size)
-                       for pool in (KV, INDEXER, MAMBA)} for rank in range(tp_size)]  # fmt: skip
-        self.controllers = [self._controller(code.HybridCacheController, rank) for rank in range(tp_size)]
-        # Per rank, as UnifiedRadixCache.ongoing_backup: operation id -> host slot, until the backup is acked.
-        self.ongoing_backup: list[dict[int, int]] = [{} for _ in range(tp_size)]
+                       for pool in (KV, INDEXER, MAMBA)} for rank in self.ranks]  # fmt: skip
+        self.controllers = [self._controller(code.HybridCacheController, i) for i in range(len(self.ranks))]
+        # Per local rank, as UnifiedRadixCache.ongoing_backup: operation id -> host slot, until the backup is acked.
+        self.ongoing_backup: list[dict[int, int]] = [{} for _ in self.ranks]
 
     def _config(self, model: str, rank: int, tp_size: int):
         return self.hs.HiCacheStorageConfig(
@@ -161,7 +166,9 @@ class DiskTier:
         )  # fmt: skip
 
     def _controller(self, cls: type, rank: int) -> Any:
-        """What ``HiCacheController.attach_storage_backend`` sets up for the file backend, minus the prefetch side."""
+        """What ``HiCacheController.attach_storage_backend`` sets up for the file backend, minus the prefetch side.
+
+        ``rank`` indexes this node's ranks (``self.ranks``)."""
         store, pools, hs, store_config = self.stores[rank], self.pools[rank], self.hs, self.configs[rank]
         store.register_mem_host_pool_v2(pools[INDEXER], hs.PoolName.INDEXER)
         store.register_mem_host_pool_v2(pools[MAMBA], hs.PoolName.MAMBA)
@@ -191,7 +198,8 @@ class DiskTier:
             return ok
 
         ctrl.page_set_func = page_set
-        ctrl.backup_thread = threading.Thread(target=ctrl.backup_thread_func, name=f"backup-{rank}", daemon=True)
+        name = f"backup-{self.ranks[rank]}"
+        ctrl.backup_thread = threading.Thread(target=ctrl.backup_thread_func, name=name, daemon=True)
         ctrl.backup_thread.start()
         return ctrl
 
@@ -292,7 +300,7 @@ class DiskTier:
         return sorted(common or [])
 
     def _read_ok(self, key: str, pool: str) -> bool:
-        for rank, store in enumerate(self.stores):
+        for rank, store in zip(self.ranks, self.stores, strict=True):
             target = torch.empty(self._nbytes(pool), dtype=torch.uint8)
             storage_key = self._storage_key(key, pool)
             try:
@@ -308,18 +316,33 @@ class DiskTier:
                 self.stats.wrong_bytes_served += 1
         return True
 
-    def load(self, keys: list[str], min_pages: int) -> int:
-        """Pages of ``keys`` restored from disk (the longest verified restorable prefix), or 0."""
-        good = 0  # leading KV+indexer pages verified so far
-        for n in reversed(self.restorable(keys)):
+    def verify(self, keys: list[str], n: int, good: int = 0) -> tuple[int, bool]:
+        """Read back this node's shards of the first ``n`` pages (KV and indexer from page ``good`` on, already
+        verified before it) and the Mamba state at page ``n - 1``: (pages verified, whole prefix read)."""
+        while good < n and self._read_ok(keys[good], KV) and self._read_ok(keys[good], INDEXER):
+            good += 1
+        ok = good >= n and self._read_ok(keys[n - 1], MAMBA)
+        self.stats.read_prefixes += int(ok)
+        return good, ok
+
+    def load(self, keys: list[str], min_pages: int, peers: Sequence[Any] = ()) -> int:
+        """Pages of ``keys`` restored from disk (the longest prefix every rank verified), or 0.
+
+        ``peers``: the group's other nodes (``restorable``/``verify`` over their own ranks): the hit is the MIN over
+        all ranks, as the runtime's rank-reduced hit query and prefetch completion, so one cold node is a miss."""
+        nodes = [self, *peers]
+        common = set(self.restorable(keys))
+        for peer in peers:
+            common &= set(peer.restorable(keys))
+        good = [0] * len(nodes)  # per node, leading KV+indexer pages verified so far
+        for n in sorted(common, reverse=True):
             if n < min_pages:
                 break
-            while good < n and self._read_ok(keys[good], KV) and self._read_ok(keys[good], INDEXER):
-                good += 1
-            if good >= n and self._read_ok(keys[n - 1], MAMBA):
+            results = [node.verify(keys, n, g) for node, g in zip(nodes, good, strict=True)]
+            if all(ok for _, ok in results):
                 self.stats.prefetched_pages += n
                 return n
-            good = min(good, n)
+            good = [min(g, n) for g, _ in results]
         return 0
 
     def clear(self) -> None:
@@ -328,4 +351,7 @@ class DiskTier:
         self.queued.clear()
 
     def file_count(self) -> int:
-        return sum(1 for n in os.listdir(self.directory) if n.endswith(".bin"))
+        try:
+            return sum(1 for n in os.listdir(self.directory) if n.endswith(".bin"))
+        except FileNotFoundError:  # a node whose ranks exclude 0 never creates the directory
+            return 0

@@ -29,7 +29,7 @@ class Engine:
     """One engine stand-in process and a tiny HTTP client for it."""
 
     def __init__(self, ip: str, cache_dir: Path, extra: list[str], env: dict[str, str]) -> None:
-        self.url = f"http://{ip}:30000"
+        self.ip, self.url = ip, f"http://{ip}:30000"
         full_env = {**os.environ, "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(cache_dir), **env}
         argv = [sys.executable, "-m", "harness.sim.engine", *BASE_ARGS, "--host", ip, "--port", "30000", *extra]
         self.proc = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -45,12 +45,12 @@ class Engine:
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
 
-    def wait_ready(self, timeout: float = 20) -> Engine:
+    def wait_ready(self, timeout: float = 60, path: str = "/ready") -> Engine:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.proc.stdout.read().decode() if self.proc.stdout else ""
             try:
-                if self.call("GET", "/ready")[0] == 200:
+                if self.call("GET", path)[0] == 200:
                     return self
             except OSError:
                 pass
@@ -85,13 +85,16 @@ def sglang_tree() -> Path:
 
 @pytest.fixture
 def start_engine(sglang_tree: Path) -> Iterator[Callable[..., Engine]]:
-    """Start engines on fresh loopback IPs; every one still running is stopped afterwards."""
+    """Start engines on fresh loopback IPs (or `ip`, from `start.take_ip()`), waiting until `wait` answers 200 (None:
+    not at all); every one still running is stopped afterwards."""
     pool, engines = IpPool(), []
 
-    def start(cache_dir: Path, *extra: str, **env: str) -> Engine:
-        engine = Engine(pool.take(30000), cache_dir, list(extra), {TREE_ENV: str(sglang_tree), **env})
+    def start(cache_dir: Path, *extra: str, wait: str | None = "/ready", ip: str | None = None, **env: str) -> Engine:
+        engine = Engine(ip or pool.take(30000), cache_dir, list(extra), {TREE_ENV: str(sglang_tree), **env})
         engines.append(engine)
-        return engine.wait_ready()
+        return engine if wait is None else engine.wait_ready(path=wait)
+
+    start.take_ip = lambda: pool.take(30000)  # type: ignore[attr-defined] - an address to name before starting
 
     yield start
     for engine in engines:
