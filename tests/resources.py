@@ -37,6 +37,10 @@ DELETE = object()
 # (id, dotted changes, a fragment both pydantic and the API server must put in their message)
 BAD_SPECS: list[tuple[str, dict[str, Any], str]] = [
     ("tp-zero", {"spec.runtime.tensorParallelSize": 0}, "tensorParallelSize"),
+    ("tp-not-divisible-by-nodes", {"spec.nodesPerReplica": 3},
+     "runtime.tensorParallelSize must be divisible by nodesPerReplica"),
+    ("dist-init-port-is-the-http-port", {"spec.nodesPerReplica": 2, "spec.runtime.distInitPort": 30000},
+     "runtime.distInitPort must differ from runtime.port"),
     ("page-not-power-of-two", {"spec.runtime.pageSize": 48}, "pageSize must be a power of two"),
     ("unknown-write-policy", {"spec.hicache.writePolicy": "write_sometimes"}, "writePolicy"),
     ("disk-without-size", {"spec.hicache.disk": {"enabled": True}}, "disk tier is enabled but has no size"),

@@ -63,4 +63,4 @@ def test_names_and_printer_columns() -> None:
         "QwenHiCacheServer", "qwenhicacheservers", ["qhc"])
     version = crd["spec"]["versions"][0]
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
-    assert {c["name"] for c in version["additionalPrinterColumns"]} >= {"Ready", "Replicas", "TP", "Age"}
+    assert {c["name"] for c in version["additionalPrinterColumns"]} >= {"Ready", "Replicas", "TP", "Nodes", "Age"}

@@ -26,6 +26,8 @@ def test_defaults_are_the_runtime_defaults() -> None:
     assert (spec.hicache.write_policy, spec.hicache.mem_layout, spec.hicache.io_backend) == (
         "write_through", "page_first", "kernel")
     assert not spec.hicache.disk.enabled
+    assert (spec.nodes_per_replica, spec.nodes, spec.runtime.dist_init_port) == (None, 1, None)
+    assert "nodesPerReplica" not in spec.wire()  # unset stays unset: the config hash of existing servers is kept
 
 
 @pytest.mark.parametrize(("case", "changes", "fragment"), BAD_SPECS, ids=[c[0] for c in BAD_SPECS])

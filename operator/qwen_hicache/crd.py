@@ -21,6 +21,8 @@ PRINTER_COLUMNS = [
     {"name": "Replicas", "type": "string", "jsonPath": ".status.replicasSummary",
      "description": "Ready/desired serving pods"},
     {"name": "TP", "type": "integer", "jsonPath": ".spec.runtime.tensorParallelSize"},
+    {"name": "Nodes", "type": "integer", "jsonPath": ".spec.nodesPerReplica",
+     "description": "Nodes per replica (a LeaderWorkerSet group each when above 1; empty: 1)"},
     {"name": "Host-GB/Rank", "type": "number", "jsonPath": ".status.launch.hostMemoryPerRankGB", "priority": 0},
     {"name": "Disk", "type": "string", "jsonPath": ".spec.hicache.disk.size"},
     {"name": "Cache", "type": "string", "jsonPath": ".status.cacheSummary",

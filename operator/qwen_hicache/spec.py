@@ -224,6 +224,9 @@ class RuntimeSpec(ApiModel):
     """Speculative decoding; off when unset."""
     port: Annotated[int, Field(ge=1024, le=65535)] = 30000
     """HTTP port of the runtime."""
+    dist_init_port: Annotated[int, Field(ge=1024, le=65535)] | None = None
+    """Port of the rendezvous at a group's leader (`--dist-init-addr <leader>:<port>`) when `nodesPerReplica > 1`;
+    20000 when unset."""
     extra_args: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=256)] = []
     """Extra runtime flags, appended last. Flags the operator derives from the spec are refused here."""
     env: Annotated[list[EnvVar], Field(max_length=256)] = []
@@ -425,8 +428,28 @@ class RouterSpec(ApiModel):
         return self.enabled if self.enabled is not None else replicas > 1
 
 
+_NODES_MESSAGE = ("runtime.tensorParallelSize must be divisible by nodesPerReplica: each node of a replica runs "
+                  "tensorParallelSize / nodesPerReplica TP ranks, one per GPU")
+_NODES_CHANGE_MESSAGE = ("nodesPerReplica cannot change on an existing server: its pods, cache volumes and cache "
+                         "layout are built per node; delete the server (its cache volumes are kept) and create it "
+                         "again with the new value")
+_DIST_PORT_MESSAGE = "runtime.distInitPort must differ from runtime.port"
+_NODES = "(has(self.nodesPerReplica) ? self.nodesPerReplica : 1)"
+
+
 class QwenHiCacheServerSpec(ApiModel):
     """Desired state of one SGLang HiCache serving deployment."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(f"self.runtime.tensorParallelSize % {_NODES} == 0", _NODES_MESSAGE),
+                cel(f"{_NODES} == {_NODES.replace('self', 'oldSelf')}", _NODES_CHANGE_MESSAGE),
+                cel("!has(self.runtime.distInitPort) || self.runtime.distInitPort != self.runtime.port",
+                    _DIST_PORT_MESSAGE),
+            ]
+        }
+    }
 
     model: ModelSpec
     """The model and its weights."""
@@ -442,6 +465,24 @@ class QwenHiCacheServerSpec(ApiModel):
     """How restarts roll through the replicas."""
     router: RouterSpec = RouterSpec()
     """The cache-affine router in front of the replicas (on by default when `replicas > 1`)."""
+    nodes_per_replica: Annotated[int, Field(ge=1, le=16)] | None = None
+    """Nodes (pods) per replica; 1 when unset. Above 1 each replica is a LeaderWorkerSet group of this many pods,
+    `tensorParallelSize / nodesPerReplica` GPUs and TP ranks each, every pod with its own cache volume; only the
+    leader (node 0) serves requests. Needs the LeaderWorkerSet controller (v0.8 or later). Fixed at creation."""
+
+    @property
+    def nodes(self) -> int:
+        """Nodes per replica (`nodesPerReplica`, default 1)."""
+        return self.nodes_per_replica or 1
+
+    @model_validator(mode="after")
+    def _nodes_split_tp(self) -> QwenHiCacheServerSpec:
+        if self.runtime.tensor_parallel_size % self.nodes:
+            raise ValueError(f"{_NODES_MESSAGE} (tensorParallelSize {self.runtime.tensor_parallel_size}, "
+                             f"nodesPerReplica {self.nodes})")
+        if self.runtime.dist_init_port is not None and self.runtime.dist_init_port == self.runtime.port:
+            raise ValueError(_DIST_PORT_MESSAGE)
+        return self
 
 
 NAME_RULES = [
