@@ -1,0 +1,132 @@
+"""Pure builder of the LeaderWorkerSet a multi-node server runs (`nodesPerReplica > 1`; one node keeps the
+StatefulSet of `render`, unchanged).
+
+One LWS group per replica, one pod per node: the leader (node 0) is today's server pod, and its workers run the
+same runtime arguments on the other nodes' GPUs. What the runtime and LWS v0.9 decide here (multinode-lws notes):
+
+- `--nnodes N --node-rank $(LWS_WORKER_INDEX) --dist-init-addr $(LWS_LEADER_ADDRESS):<distInitPort>` on every
+  pod; the LWS pod webhook sets the variables.
+- Only node 0 runs the HTTP API: the leader keeps the `/ready` probe, the preStop drain and flush (its SIGTERM
+  broadcasts the runtime's ShutdownReq, which drains every rank's queue); nodes > 0 serve only `/health`, so
+  workers probe that and have no preStop (they ignore SIGTERM).
+- Every pod runs `cache-guard`: the runtime creates the cache directory on TP rank 0 only, so on a worker's own
+  volume every write would fail without it; on workers it also sweeps stale `.tmp` files (the runtime's sweep runs
+  on rank 0 only).
+- One claim per pod from the claim template (`hicache-<server>-<group>` for leaders, `...-<group>-<node>` for
+  workers), always Retain/Retain: LWS deletes a group's worker StatefulSet whenever the group is recreated, and a
+  `whenDeleted: Delete` policy would delete the workers' caches with it. `retention: Delete` is the operator's.
+- `RecreateGroupOnPodRestart` (a TP group cannot survive a member's restart), `startupPolicy: LeaderCreated`
+  (`LeaderReady` deadlocks: the leader's API is ready only once every rank joined), `maxSurge: 0` (a surge group
+  would start on fresh, cold claims), and the partition the operator holds for its group-by-group rollout.
+- `subdomainPolicy: UniquePerReplica`: with `Shared`, LWS names its headless Service after the LWS, which is the
+  server's client Service here; it then creates none, and no pod could resolve its leader.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from . import launch, podlifecycle, render
+from .rollout import allowed_down
+from .spec import QwenHiCacheServerSpec
+
+Obj = dict[str, Any]
+
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_KIND = "LeaderWorkerSet"
+LWS_PREFIX = "leaderworkerset.sigs.k8s.io"
+LWS_NAME_LABEL = f"{LWS_PREFIX}/name"
+GROUP_INDEX_LABEL = f"{LWS_PREFIX}/group-index"
+WORKER_INDEX_LABEL = f"{LWS_PREFIX}/worker-index"
+REVISION_LABEL = f"{LWS_PREFIX}/template-revision-hash"
+DEFAULT_DIST_INIT_PORT = 20000
+WORKER_SWEEP = """
+for t in "$dir"/.*.tmp; do [ -e "$t" ] && rm -f "$t" && echo "removed stale $t"; done
+echo "worker volume: stale partial pages swept (the runtime sweeps on TP rank 0 only)"
+"""
+WORKER_GUARD_SCRIPT = podlifecycle.GUARD_SCRIPT + WORKER_SWEEP.lstrip("\n")
+
+
+def dist_init_port(spec: QwenHiCacheServerSpec) -> int:
+    return spec.runtime.dist_init_port or DEFAULT_DIST_INIT_PORT
+
+
+def group_args(spec: QwenHiCacheServerSpec) -> list[str]:
+    """The runtime's multi-node flags, the same on every pod of a group (LWS sets the variables)."""
+    return ["--nnodes", str(spec.nodes), "--node-rank", "$(LWS_WORKER_INDEX)",
+            "--dist-init-addr", f"$(LWS_LEADER_ADDRESS):{dist_init_port(spec)}"]  # fmt: skip
+
+
+def gpus_per_pod(spec: QwenHiCacheServerSpec) -> int:
+    return spec.runtime.tensor_parallel_size // spec.nodes
+
+
+def leader_selector(name: str) -> dict[str, str]:
+    """The serving pods of a multi-node server: its group leaders (the PDB, Services and router select these)."""
+    return {**render.selector(name), WORKER_INDEX_LABEL: "0"}
+
+
+def _runtime(pod: Obj) -> Obj:
+    return next(c for c in pod["spec"]["containers"] if c["name"] == "sglang")
+
+
+def _leader(template: Obj, spec: QwenHiCacheServerSpec) -> Obj:
+    leader = copy.deepcopy(template)
+    container = _runtime(leader)
+    container["args"] = [*container["args"], *group_args(spec)]
+    gpus = str(gpus_per_pod(spec))
+    for kind in ("requests", "limits"):
+        container["resources"][kind][spec.runtime.gpu_resource_name] = gpus
+    container["ports"].append({"name": "dist-init", "containerPort": dist_init_port(spec), "protocol": "TCP"})
+    return leader
+
+
+def _worker(leader: Obj) -> Obj:
+    worker = copy.deepcopy(leader)
+    container = _runtime(worker)
+    container.pop("lifecycle", None)  # no API, and it ignores SIGTERM: node 0's shutdown drains its ranks
+    container["ports"] = [p for p in container["ports"] if p["name"] != "dist-init"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        container[probe]["httpGet"]["path"] = "/health"  # the runtime's dummy health server on nodes > 0
+    for init in worker["spec"].get("initContainers") or []:
+        if init["name"] == "cache-guard":
+            init["command"] = ["sh", "-c", WORKER_GUARD_SCRIPT]
+    return worker
+
+
+def get_leaderworkerset(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing,
+                        layout: render.CacheLayout, partition: int) -> Obj:
+    """The server's LeaderWorkerSet; `sizing` is per node (its ranks); `partition`: groups below it keep their
+    revision (the operator lowers it group by group, from the highest index down)."""
+    template = render.get_pod_template(meta, spec, sizing, layout)
+    leader = _leader(template, spec)
+    lwt: Obj = {
+        "size": spec.nodes,
+        "restartPolicy": "RecreateGroupOnPodRestart",
+        "leaderTemplate": leader,
+        "workerTemplate": _worker(leader),
+    }
+    claims = render._claim_templates(meta, spec, sizing)
+    if claims:
+        lwt["volumeClaimTemplates"] = claims
+        lwt["persistentVolumeClaimRetentionPolicy"] = {"whenDeleted": "Retain", "whenScaled": "Retain"}
+    rolling = {"maxUnavailable": allowed_down(spec.rollout.max_unavailable, spec.replicas), "maxSurge": 0,
+               "partition": max(0, min(partition, spec.replicas))}  # fmt: skip
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": LWS_KIND,
+        "metadata": render._metadata(meta, meta["name"]),
+        "spec": {
+            "replicas": spec.replicas,
+            "startupPolicy": "LeaderCreated",
+            "networkConfig": {"subdomainPolicy": "UniquePerReplica"},
+            "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": rolling},
+            "leaderWorkerTemplate": lwt,
+        },
+    }
+
+
+def group_dns_name(name: str, namespace: str, group: int) -> str:
+    """A group leader's stable DNS name under UniquePerReplica (what LWS_LEADER_ADDRESS holds, fully qualified)."""
+    return f"{name}-{group}.{name}-{group}.{namespace}.svc.cluster.local"

@@ -1,0 +1,157 @@
+"""Group-by-group rollout of a multi-node server (group_rollout over rollout's state machine), against a model
+of what LeaderWorkerSet does with the partition: groups at or above it are recreated at the new template."""
+
+from __future__ import annotations
+
+import itertools
+
+from qwen_hicache import group_rollout, rollout
+from qwen_hicache.constants import CONFIG_HASH_ANNOTATION, RESTART_ANNOTATION
+from qwen_hicache.render_lws import GROUP_INDEX_LABEL, WORKER_INDEX_LABEL
+
+NAME, SIZE = "srv", 2
+POLICY = rollout.Policy(max_unavailable=1, timeout_seconds=600, require_warm=True, fingerprint="fp")
+_uids = itertools.count(1)
+
+
+def pod(group: int, worker: int, target: str, ready: bool = True, created: str = "2026-01-01T00:00:00Z",
+        ready_since: str = "2026-01-01T00:00:10Z") -> dict:
+    config, restart = target.split("/")
+    name = f"{NAME}-{group}" + (f"-{worker}" if worker else "")
+    return {
+        "metadata": {"name": name, "uid": f"u{next(_uids)}", "creationTimestamp": created,
+                     "labels": {GROUP_INDEX_LABEL: str(group), WORKER_INDEX_LABEL: str(worker)},
+                     "annotations": {CONFIG_HASH_ANNOTATION: config, RESTART_ANNOTATION: restart,
+                                     "qwenhicache.io/fingerprint": "fp"}},
+        "status": {"podIP": f"10.0.{group}.{worker}",
+                   "conditions": [{"type": "Ready", "status": str(ready), "lastTransitionTime": ready_since}]},
+    }  # fmt: skip
+
+
+class Lws:
+    """What LWS does with the partition (enough of it for the rollout): a released group is recreated whole."""
+
+    def __init__(self, replicas: int, target: str) -> None:
+        self.replicas, self.partition, self.target = replicas, 0, target
+        self.pods = {(g, w): pod(g, w, target) for g in range(replicas) for w in range(SIZE)}
+        self.recreated: list[int] = []
+
+    def apply(self, target: str, partition: int) -> None:
+        self.target = target
+        self.set_partition(partition)
+
+    def set_partition(self, partition: int) -> None:
+        assert partition <= self.partition or self.partition == 0, "raised the partition mid-rollout"
+        for g in range(partition, self.replicas):
+            if self.pods[(g, 0)]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] != self.target.split("/")[0] \
+                    or self.pods[(g, 0)]["metadata"]["annotations"][RESTART_ANNOTATION] != self.target.split("/")[1]:
+                self.recreated.append(g)
+                for w in range(SIZE):
+                    self.pods[(g, w)] = pod(g, w, self.target, ready=False)
+        self.partition = partition
+
+    def become_ready(self) -> None:
+        for key, p in self.pods.items():
+            self.pods[key] = {**p, "status": {**p["status"], "conditions": [{"type": "Ready", "status": "True"}]}}
+
+    def views(self) -> list[rollout.PodView]:
+        return group_rollout.group_views(NAME, list(self.pods.values()), SIZE)
+
+
+def step(lws: Lws, rs: dict | None, target: str, now: str, storage: int = 640) -> tuple[dict, list[str]]:
+    """One reconcile pass: apply the template with the held partition, plan, perform the actions."""
+    if rs is None or rs.get("id") != target:
+        planned, _ = rollout.plan_rollout(rs, lws.views(), target, lws.replicas, POLICY, now)
+        lws.apply(target, group_rollout.partition_of(planned, lws.replicas))
+    rs, actions = rollout.plan_rollout(rs, lws.views(), target, lws.replicas, POLICY, now)
+    done = []
+    for act in actions:
+        done.append(f"{act.kind}:{act.pod}")
+        if act.kind == "canary":
+            rs = rollout.canary_sent(rs, act.pod, 900, None)
+        elif act.kind == "delete":
+            assert rollout.may_take_down(lws.views(), act.pod, act.uid, lws.replicas, POLICY)
+            rs = group_rollout.released(rs, act.pod, lws.replicas)
+            lws.set_partition(group_rollout.partition_of(rs, lws.replicas))
+            rs = rollout.deleted(rs, act.pod, now)
+        elif act.kind == "baseline":
+            rs = rollout.baseline_read(rs, act.pod, act.uid, {rollout.STORAGE_COUNTER: 0})
+        elif act.kind == "verify":
+            rs = rollout.verified(rs, act.pod, storage, None, POLICY, now, {rollout.STORAGE_COUNTER: storage})
+    return rs, done
+
+
+def test_a_group_is_available_only_whole_at_one_target() -> None:
+    pods = [pod(0, 0, "a/"), pod(0, 1, "a/"), pod(1, 0, "b/"), pod(1, 1, "a/"), pod(2, 0, "a/")]
+    views = {v.ordinal: v for v in group_rollout.group_views(NAME, pods, SIZE)}
+    assert views[0].available and views[0].target == "a/" and views[0].ip == "10.0.0.0"
+    assert views[0].uid == f"{pods[0]['metadata']['uid']}|{pods[1]['metadata']['uid']}"
+    assert not views[1].available and views[1].target == group_rollout.MIXED  # half old, half new
+    assert not views[2].available and views[2].uid.endswith("|-")  # a worker is missing
+
+
+def test_groups_roll_from_the_highest_index_down_one_at_a_time_and_come_back_warm() -> None:
+    lws, rs = Lws(replicas=3, target="a/"), None
+    seen, partitions = [], []
+    for i in range(40):
+        rs, done = step(lws, rs, "a/r1", f"2026-01-01T00:{i:02d}:00Z")
+        seen += done
+        partitions.append(lws.partition)
+        lws.become_ready()
+        down = sum(not v.available for v in lws.views())
+        assert down <= 1, "more than maxUnavailable groups down"
+        if rs["phase"] == "Complete":
+            break
+    assert rs["phase"] == "Complete" and [r["pod"] for r in rs["results"]] == ["srv-2", "srv-1", "srv-0"]
+    assert all(r["warm"] for r in rs["results"])
+    assert lws.recreated == [2, 1, 0]  # each group restarted exactly once
+    assert [a for a in seen if a.startswith("delete")] == ["delete:srv-2", "delete:srv-1", "delete:srv-0"]
+    assert partitions[0] == 3 and all(a >= b for a, b in itertools.pairwise(partitions))  # only ever down
+    assert partitions[-1] == 0
+    assert group_rollout.partition_of(rs, 3) == 0
+    canary_before_release = seen.index("canary:srv-1") < seen.index("delete:srv-1")
+    assert canary_before_release
+
+
+def test_the_new_template_is_applied_with_nothing_released() -> None:
+    lws = Lws(replicas=2, target="a/")
+    rs, done = step(lws, None, "a/r1", "2026-01-01T00:00:00Z")
+    assert done == ["canary:srv-1"] and lws.recreated == []
+    assert lws.partition == 2 and lws.target == "a/r1"  # new template, partition = replicas: nothing restarts
+
+
+def test_a_cold_group_pauses_the_rollout_where_it_is() -> None:
+    lws, rs = Lws(replicas=2, target="a/"), None
+    for i in range(10):
+        rs, _ = step(lws, rs, "a/r1", f"2026-01-01T00:{i:02d}:00Z", storage=0)
+        lws.become_ready()
+        if rs["phase"] == "Paused":
+            break
+    assert rs["phase"] == "Paused" and rs["reason"] == "ColdStart"
+    assert lws.recreated == [1] and group_rollout.partition_of(rs, 2) == 1  # group 0 untouched
+    rs, done = step(lws, rs, "a/r1", "2026-01-01T00:30:00Z")
+    assert done == [] and lws.recreated == [1]
+
+
+def test_a_pass_replayed_after_an_operator_crash_releases_nothing_twice() -> None:
+    lws, rs = Lws(replicas=2, target="a/"), None
+    rs, _ = step(lws, rs, "a/r1", "2026-01-01T00:00:00Z")  # canary sent, status written
+    saved = rs
+    rs, done = step(lws, rs, "a/r1", "2026-01-01T00:01:00Z")  # released; the operator dies before its status write
+    assert done == ["delete:srv-1"] and lws.recreated == [1]
+    rs, done = step(lws, saved, "a/r1", "2026-01-01T00:02:00Z")  # the next operator replays from the old status
+    assert "delete:srv-1" not in done and lws.recreated == [1]  # group 1's members changed: it is already going
+    lws.become_ready()
+    for i in range(3, 20):
+        rs, _ = step(lws, rs, "a/r1", f"2026-01-01T00:{i:02d}:00Z")
+        lws.become_ready()
+    assert rs["phase"] == "Complete" and lws.recreated == [1, 0]
+
+
+def test_a_worker_recreated_without_its_group_is_found() -> None:
+    pods = [pod(0, 0, "a/"), pod(0, 1, "a/", created="2026-01-01T00:00:01Z"),
+            pod(1, 0, "a/", ready_since="2026-01-01T00:00:10Z"),
+            pod(1, 1, "a/", ready=False, created="2026-01-01T00:05:00Z")]  # fmt: skip
+    lone = group_rollout.lone_workers(pods)
+    assert [(w.group, w.leader, w.worker) for w in lone] == [(1, "srv-1", "srv-1-1")]
+    assert lone[0].leader_uid == pods[2]["metadata"]["uid"]
