@@ -161,3 +161,27 @@ def test_groups_roll_one_at_a_time_warm_from_their_own_claims_and_a_lost_volume_
     assert rs["results"][-1]["pod"] == "flash-next-1" and not rs["results"][-1]["warm"]
     assert group_rollout.partition_of(rs, REPLICAS) == 1  # group 0 is left alone
     assert sim.record(namespace, "flash-next-0").incarnations == 2
+
+
+def test_a_deleted_worker_recreates_its_group_which_comes_back_warm_from_its_own_claims(groups: Any,
+                                                                                       namespace: str) -> None:
+    sim, shell = groups
+    shell.apply(_doc(), 0)
+    sim.wait_for(lambda: _all_ready(shell), 240, "2 groups of 2 ready")
+    group0 = next(v for v in shell.views() if v.ordinal == 0)
+    assert engine.generate(group0.ip, 30000, shell.prompt).prompt_tokens
+    flushed = sim.record(namespace, "flash-next-0")
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in shell.pods()}
+    shell.core.delete_namespaced_pod("flash-next-0-1", namespace)
+
+    def recreated() -> rollout.PodView | None:
+        views = {v.ordinal: v for v in shell.views()}
+        pods = {p["metadata"]["name"]: p["metadata"]["uid"] for p in shell.pods()}
+        new = all(pods.get(n) not in (None, before[n]) for n in ("flash-next-0", "flash-next-0-1"))
+        return views[0] if new and views[0].available else None
+
+    group0 = sim.wait_for(recreated, 240, "group 0 recreated whole and ready")
+    assert flushed.prestop_runs >= 1  # the leader drained and flushed before it went
+    assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in shell.pods()}["flash-next-1"] == before["flash-next-1"]
+    res = engine.generate(group0.ip, 30000, shell.prompt)
+    assert res.storage_tokens and res.storage_tokens > 0, res  # every node's shard read back from its own claim
