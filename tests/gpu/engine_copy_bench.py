@@ -1,0 +1,72 @@
+"""Host->GPU copy through the io backend the operator renders (`--hicache-io-backend kernel`, `page_first`),
+against the pinned-copy limit, in the same process (run by tests/gpu/run_engine.py; prints one JSON line).
+
+The copy is the call the runtime's host pool makes for that backend and layout
+(`MHATokenToKVPoolHost.load_to_device_per_layer`, pool_host/mha.py: `sgl_kernel.kvcacheio.transfer_kv_per_layer_pf_lf`
+with `item_size = token_stride_size`, `src_layout_dim = token_stride_size * layer_num`), one call per layer, on
+Flash-Next's per-rank KV shape at TP 2 (13 layers x 1 KV head x 256, FP8: 256 B per token and layer, K and V),
+512 random 64-token pages. The limit is one 1 GiB contiguous pinned host->device copy. CUDA events, median of 5.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import torch
+
+
+def _time(fn, reps: int = 5) -> float:
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(out)
+
+
+def main() -> None:
+    from sgl_kernel.kvcacheio import transfer_kv_per_layer_pf_lf
+
+    layers, item, page, pages = 13, 256, 64, 512
+    host_tokens, dev_tokens = 1 << 17, 1 << 17
+    g = torch.Generator().manual_seed(0)
+    src_k = torch.randint(0, 255, (host_tokens, layers, item), dtype=torch.uint8, generator=g).pin_memory()
+    src_v = torch.randint(0, 255, (host_tokens, layers, item), dtype=torch.uint8, generator=g).pin_memory()
+    dst_k = [torch.zeros(dev_tokens, item, dtype=torch.uint8, device="cuda") for _ in range(layers)]
+    dst_v = [torch.zeros(dev_tokens, item, dtype=torch.uint8, device="cuda") for _ in range(layers)]
+    hp = torch.randperm(host_tokens // page, generator=g)[:pages]
+    dp = torch.randperm(dev_tokens // page, generator=g)[:pages]
+    ar = torch.arange(page)
+    src_idx = (hp[:, None] * page + ar).reshape(-1).cuda()
+    dst_idx = (dp[:, None] * page + ar).reshape(-1).cuda()
+
+    def kernel():
+        for layer in range(layers):
+            transfer_kv_per_layer_pf_lf(src_k=src_k, dst_k=dst_k[layer], src_v=src_v, dst_v=dst_v[layer],
+                                        src_indices=src_idx, dst_indices=dst_idx, layer_id=layer, item_size=item,
+                                        src_layout_dim=item * layers)  # fmt: skip
+
+    kernel()
+    torch.cuda.synchronize()
+    t0 = src_idx[:5].cpu()
+    ok = all(torch.equal(dst_k[3][dst_idx[i]].cpu(), src_k[t0[i], 3]) for i in range(5))
+    moved = 2 * layers * item * page * pages
+    t_kernel = _time(kernel)
+    big = torch.empty(1 << 30, dtype=torch.uint8).pin_memory()
+    dev = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    t_limit = _time(lambda: dev.copy_(big, non_blocking=True))
+    kernel_gbps, limit_gbps = moved / t_kernel / 1e9, (1 << 30) / t_limit / 1e9
+    print(json.dumps({"ran": True, "correct": ok, "bytes": moved, "kernel_gbps": round(kernel_gbps, 2),
+                      "limit_gbps": round(limit_gbps, 2), "ratio": round(kernel_gbps / limit_gbps, 3),
+                      "what": "sgl_kernel.kvcacheio.transfer_kv_per_layer_pf_lf, 13 layers x 512 pages x 64 tokens "
+                              "x 256 B, K and V, vs one 1 GiB pinned copy"}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

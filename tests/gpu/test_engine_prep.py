@@ -1,0 +1,139 @@
+"""What of the GPU engine run (tests/gpu/run_engine.py) can be checked without a GPU.
+
+The tiny checkpoint's config and tokenizer build deterministically and agree with the spec's geometry; the wheel
+manifest pins every wheel by version and sha256 as the runtime lock does; the command line the run starts is the
+operator's rendered one; and the whole sequence (cold, preStop + SIGTERM, the rollout's warm check, a changed
+fingerprint, damaged pages) runs end to end against the engine stand-in, so the GPU lease only meets the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+
+import engine_wheels  # noqa: E402
+import run_engine  # noqa: E402
+import tiny_model  # noqa: E402
+
+
+def _build(out: Path) -> dict:
+    subprocess.run([sys.executable, str(HERE / "tiny_model.py"), "--no-weights", str(out)], check=True,
+                   capture_output=True)  # fmt: skip
+    return json.loads((out / "manifest.json").read_text())
+
+
+def test_tiny_config_and_tokenizer_build_deterministically(tmp_path: Path) -> None:
+    a, b = _build(tmp_path / "a"), _build(tmp_path / "b")
+    assert a == b
+    assert set(a["files"]) == {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"}
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "a"))
+    text = tiny_model.CORPUS.read_text()[:4000]
+    assert tok.decode(tok(text).input_ids) == text
+    assert tok.eos_token_id == 0 == tiny_model.config()["text_config"]["eos_token_id"]
+    assert len(tok) <= tiny_model.VOCAB
+
+
+def test_tiny_config_is_the_architecture_at_a_small_size() -> None:
+    text = tiny_model.text_config()
+    assert tiny_model.config()["architectures"] == ["Qwen4ExpForConditionalGeneration"]
+    assert text["layer_types"] == ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + [
+        "full_attention"]  # fmt: skip
+    assert text["hc_count"] > 1 and text["ple_layer_ids"] == [2] and text["mtp_num_hidden_layers"] == 1
+    assert text["indexer_budget"] // text["indexer_compress_ratio"] in (512, 2048)  # the runtime's fast_topk_v2
+
+
+def test_spec_geometry_is_what_the_operator_derives_from_the_tiny_config() -> None:
+    from qwen_hicache.geometry import from_hf_config
+
+    spec = yaml.safe_load(run_engine.SPEC.read_text())["spec"]
+    derived = from_hf_config(tiny_model.config()).model_dump(by_alias=True, exclude_none=True)
+    stated = dict(spec["model"]["geometry"])
+    stated.pop("gpuWeightBytes")
+    assert stated == derived
+
+
+def test_wheel_manifest_pins_every_wheel_as_the_runtime_lock_does() -> None:
+    rows = engine_wheels.manifest()
+    names = [r["name"] for r in rows]
+    assert len(names) == len(set(names))
+    lock = (REPO / "runtime_patches" / "requirements.lock").read_text()
+    pinned = {m.group(1): m.group(2) for m in re.finditer(r"^([a-z0-9][a-z0-9.-]*)==(\S+)", lock, re.M)}
+    outside_lock = {"decorator", "importlib-metadata", "zipp", "kubernetes", "durationpy", "websocket-client",
+                    "requests-oauthlib", "oauthlib"}  # fmt: skip
+    for r in rows:
+        assert re.fullmatch(r"[0-9a-f]{64}", r["sha"]) and r["file"].endswith(".whl")
+        assert r["file"].lower().replace("_", "-").startswith(f"{r['name']}-{r['version']}-")
+        if r["name"] in outside_lock:
+            continue
+        assert pinned.get(r["name"]) == r["version"], r["name"]
+        block = lock[lock.index(f"\n{r['name']}=={r['version']}") + 1 :].split("\n", 1)[1]
+        end = re.search(r"^\S", block, re.M)
+        block = block[: end.start() if end else len(block)]
+        assert f"sha256:{r['sha']}" in block, f"{r['file']}: hash not in the lock"
+    for must in ("sglang", "sglang-kernel", "torch", "nvidia-nccl-cu13", "transformers", "kubernetes"):
+        assert must in names
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert '"kubernetes==' + next(r["version"] for r in rows if r["name"] == "kubernetes") + '"' in pyproject
+    assert re.fullmatch(r"[0-9a-f]{64}", engine_wheels.SLIM_SHA256)
+    assert engine_wheels.SLIM["wheel"] in {r["file"] for r in rows}
+
+
+def test_the_run_starts_the_command_line_the_operator_renders(tmp_path: Path) -> None:
+    site, model, root = tmp_path / "site", tmp_path / "model", tmp_path / "hicache"
+    site.mkdir()
+    p = run_engine.plan(site, run_engine.spec_file(tmp_path, 1), model, root, 31234)
+    docs = [d for d in yaml.safe_load_all(run_engine.operator_cli(["render", str(run_engine.SPEC)], site)) if d]
+    server = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
+    rendered = server["command"] + server["args"]
+    assert len(p["argv"]) == len(rendered)
+    differ = {i for i, (a, b) in enumerate(zip(p["argv"], rendered, strict=True)) if a != b}
+    named = {rendered.index(f) + 1 for f in ("--model-path", "--host", "--port")}
+    key = next(i for i, a in enumerate(rendered) if a.startswith("--admin-api-key="))
+    assert differ <= named | {key}
+    assert p["argv"][p["argv"].index("--model-path") + 1] == str(model)
+    assert p["argv"][p["argv"].index("--host") + 1] == "127.0.0.1"
+    for flag in ("--enable-hierarchical-cache", "--disable-cuda-graph", "--enable-metrics", "--enable-cache-report"):
+        assert flag in p["argv"]
+    assert p["argv"][p["argv"].index("--hicache-storage-backend") + 1] == "file"
+    assert p["cache_dir"] == str(root / p["fingerprint"])
+    assert p["env"]["QWEN_HICACHE_FINGERPRINT"] == p["fingerprint"]
+    p2 = run_engine.plan(site, run_engine.spec_file(tmp_path, 2), model, root, 31234)
+    assert p2["argv"][p2["argv"].index("--tp-size") + 1] == "2" and p2["fingerprint"] != p["fingerprint"]
+    p3 = run_engine.plan(site, run_engine.spec_file(tmp_path, 1, kvCacheDtype="bfloat16"), model, root, 31234)
+    assert p3["fingerprint"] != p["fingerprint"]
+
+
+@pytest.mark.timeout(480)
+def test_the_whole_sequence_runs_against_the_engine_stand_in(tmp_path: Path) -> None:
+    """SIMULATED engine (harness/sim/engine.py, the real HiCacheFile underneath): the run's own logic only."""
+    site, model, out = tmp_path / "site", tmp_path / "model", tmp_path / "out"
+    site.mkdir()
+    _build(model)
+    cmd = [sys.executable, str(HERE / "run_engine.py"), "--site", str(site), "--work", str(tmp_path / "work"),
+           "--out", str(out), "--model-dir", str(model), "--prompt-chars", "2000", "--fillers", "2",
+           "--engine-cmd", f"{sys.executable} -m harness.sim.engine", "--engine-path", str(REPO)]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=450)
+    report = json.loads((out / "engine-tp1.json").read_text())
+    assert r.returncode == 0 and not report.get("error"), r.stdout[-3000:] + report.get("traceback", "")
+    first = report["restarts"][0]
+    assert first["warm"] and first["storage_hit_tokens"] > 0 and first["all_identical"]
+    assert report["rollout"]["steps"] == ["canary", "delete", "baseline", "verify"]
+    assert report["stop_warm"]["prestop_output"].startswith("flush: 200") and report["stop_warm"]["exit_code"] == 0
+    fc = report["fingerprint_change"]
+    assert fc["old"] != fc["new"] and fc["storage_hit_tokens"] == 0 and fc["old_dir_unchanged"]
+    assert report["damage"] == {"zeroed": "miss", "bitflip": "miss", "truncated": "miss"}
+    assert report["damage_detail"]["others_still_hit"]
+    rec = run_engine.bench_record(report)
+    assert tuple(rec) == run_engine.RECORD_KEYS and rec["damage"] == report["damage"]
