@@ -125,6 +125,22 @@ class Server:
         self.port = int(p["env"]["QWEN_HICACHE_PORT"])
         self.proc: subprocess.Popen | None = None
         self.uid = hashlib.sha256(f"{tag}:{time.time()}".encode()).hexdigest()[:12]
+        self.peak = {"rss_bytes": 0, "shm_used_bytes": 0}
+
+    def _sample(self) -> None:
+        """Peak memory of the server's process tree (what the pod's limit caps) and /dev/shm use, every 0.5 s."""
+        import psutil
+
+        while self.proc is not None and self.proc.poll() is None:
+            try:
+                root = psutil.Process(self.proc.pid)
+                rss = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+                shm = shutil.disk_usage("/dev/shm").used if os.path.isdir("/dev/shm") else 0
+                self.peak["rss_bytes"] = max(self.peak["rss_bytes"], rss)
+                self.peak["shm_used_bytes"] = max(self.peak["shm_used_bytes"], shm)
+            except Exception:  # a process that just exited
+                pass
+            time.sleep(0.5)
 
     def run_guard(self) -> str:
         env = {**os.environ, **self.p["guard_env"]}
@@ -144,6 +160,9 @@ class Server:
         self.fh = open(self.log_path, "ab")  # noqa: SIM115 - the server writes it until it exits
         self.proc = subprocess.Popen(self.p["argv"], env=env, stdout=self.fh, stderr=subprocess.STDOUT,
                                      start_new_session=True)  # fmt: skip
+        import threading
+
+        threading.Thread(target=self._sample, daemon=True).start()
         while time.time() - t < timeout:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server {self.tag} exited rc={self.proc.returncode} during start-up:\n"
@@ -585,6 +604,12 @@ def sequence(args, report: dict) -> None:
     report["metrics_warm_excerpt"] = [ln for ln in m2.splitlines() if re.match(
         r"sglang:(cached_tokens_total|prefetched_tokens_total|hicache_|load_back|storage_|backuped|prefill_effective)",
         ln)][:80]  # fmt: skip
+    report["host_pool"]["allocation_log"] = [ln[-200:] for ln in s2.tail(100000).splitlines()
+                                             if "Allocating" in ln and "host memory" in ln][:8]  # fmt: skip
+    report["memory"] = {"limit_bytes": p["memory_limit"], "shm_limit_bytes": p["shm_limit"],
+                        "peak_cold": s1.peak, "peak_warm": dict(s2.peak),
+                        "held": max(s1.peak["rss_bytes"], s2.peak["rss_bytes"]) <= p["memory_limit"]
+                        and max(s1.peak["shm_used_bytes"], s2.peak["shm_used_bytes"]) <= p["shm_limit"]}  # fmt: skip
     restore = restore_figures(m2, warm, p)
     report.update(restore)
     report["stop_warm"] = s2.stop_as_pod()
