@@ -10,7 +10,10 @@ its own. Requests are counted server-side from the audit log and attributed by U
 operator speaks as `kopf/...` (watches, finalizers, annotations, events) and `OpenAPI-Generator/...`
 (its reconcile client); this script sets its own User-Agent so its polling is excluded.
 
-    python bench/reconcile.py [--resources 200] [--namespaces 4] [--resync 10] [--compare 20]
+    python bench/reconcile.py [--resources 200] [--namespaces 4] [--resync 10] [--compare 20] [--baseline DIR]
+
+`--baseline DIR` runs the same N first with the operator of another checkout (e.g. `git worktree add --detach
+DIR <commit>`), on a fresh control plane of its own, and prints it beside this checkout's with the ratio.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import concurrent.futures
 import copy
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -166,6 +170,8 @@ class Result:
     """The numbers of one run, in base units (seconds, counts, KiB)."""
 
     n: int
+    label: str = ""
+    """Column heading: `N=<n>`, or `<baseline> N=<n>` for a baseline run."""
     source: str = ""
     apply_s: float = 0.0
     converge_s: float = 0.0
@@ -182,9 +188,11 @@ class Result:
     noop_breakdown: collections.Counter[tuple[str, str, str]] = field(default_factory=collections.Counter)
 
 
-def run_once(n: int, namespaces: int, resync: float, threads: int, timeout: float, keep_logs: bool) -> Result:
-    """One fresh cluster + operator; apply N, wait to converge, then watch >= 2 resync periods of no-op."""
-    res = Result(n)
+def run_once(n: int, namespaces: int, resync: float, threads: int, timeout: float, keep_logs: bool,
+             repo: Path = REPO, label: str = "") -> Result:
+    """One fresh cluster + operator (of checkout `repo`); apply N, wait to converge, then watch >= 2 resync
+    periods of no-op."""
+    res = Result(n, label or f"N={n}")
     workdir = Path(tempfile.mkdtemp(prefix="qwen-hicache-bench-"))
     cluster, res.source = open_cluster()
     with cluster:
@@ -194,7 +202,7 @@ def run_once(n: int, namespaces: int, resync: float, threads: int, timeout: floa
         for i in range(namespaces):
             core.create_namespace({"metadata": {"name": f"bench-{i}"}})
         operator = OperatorProcess(cluster.kubeconfig, workdir / "operator.log",
-                                   env={"QWEN_HICACHE_RESYNC_SECONDS": str(resync)})
+                                   env={"QWEN_HICACHE_RESYNC_SECONDS": str(resync)}, repo=repo)
         proc = operator.start()
         try:
             op = psutil.Process(proc.pid)
@@ -270,8 +278,8 @@ def rows(r: Result) -> list[tuple[str, float, str]]:
 
 def table(results: list[Result]) -> str:
     """Metrics down, runs across; with two runs a last column is the ratio large/small."""
-    heads = ["metric", *(f"N={r.n}" for r in results)] + ([f"N={results[-1].n} / N={results[0].n}"]
-                                                          if len(results) == 2 else [])  # fmt: skip
+    heads = ["metric", *(r.label for r in results)] + ([f"{results[-1].label} / {results[0].label}"]
+                                                       if len(results) == 2 else [])  # fmt: skip
     body = []
     for cells in zip(*(rows(r) for r in results), strict=True):
         line = [cells[0][0], *(fmt.format(v) for _, v, fmt in cells)]
@@ -296,6 +304,14 @@ def breakdown(title: str, counts: collections.Counter[tuple[str, str, str]], n: 
     return "\n".join(lines)
 
 
+def _commit(repo: Path) -> str:
+    """Short commit of a checkout (`+` when its tree differs from it), for column headings."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True).stdout.strip()
+
+    return (git("rev-parse", "--short", "HEAD") or repo.name) + ("+" if git("status", "--porcelain", "-uno") else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--resources", type=int, default=200, help="resources applied at once (default 200)")
@@ -305,23 +321,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600, help="give up converging after this many s")
     ap.add_argument("--compare", type=int, metavar="N", help="also run N resources first and print the ratio")
     ap.add_argument("--keep-logs", action="store_true", help="keep the operator log (its path is printed)")
+    ap.add_argument("--baseline", type=Path, metavar="DIR",
+                    help="another checkout (e.g. a git worktree of an older commit): run the same N with its "
+                         "operator first and print the ratio this/baseline")
     args = ap.parse_args(argv)
 
-    sizes = [args.compare, args.resources] if args.compare else [args.resources]
-    print(f"reconcile benchmark: {', '.join(map(str, sizes))} resources over {args.namespaces} namespaces, "
+    if args.baseline:
+        runs = [(args.resources, args.baseline.resolve(), f"{_commit(args.baseline)} N={args.resources}"),
+                (args.resources, REPO, f"{_commit(REPO)} N={args.resources}")]
+    else:
+        sizes = [args.compare, args.resources] if args.compare else [args.resources]
+        runs = [(n, REPO, f"N={n}") for n in sizes]
+    print(f"reconcile benchmark: {', '.join(label for _, _, label in runs)}, over {args.namespaces} namespaces, "
           f"resync {args.resync:g}s, {os.cpu_count()} CPUs", flush=True)  # fmt: skip
     results = []
-    for n in sizes:
+    for n, repo, label in runs:
         started = time.monotonic()
-        results.append(run_once(n, args.namespaces, args.resync, args.threads, args.timeout, args.keep_logs))
-        print(f"  N={n}: done in {time.monotonic() - started:.0f}s", flush=True)
+        results.append(run_once(n, args.namespaces, args.resync, args.threads, args.timeout, args.keep_logs,
+                                repo, label))  # fmt: skip
+        print(f"  {label}: done in {time.monotonic() - started:.0f}s", flush=True)
     print(f"operator requests: counted server-side ({results[-1].source}), attributed by User-Agent")
     print()
     print(table(results))
     print()
-    last = results[-1]
-    print(breakdown(f"operator requests until converged, N={last.n}:", last.breakdown, last.n))
-    print(breakdown(f"operator requests in the no-op window, N={last.n}:", last.noop_breakdown, last.n))
+    for r in results if args.baseline else results[-1:]:
+        print(breakdown(f"operator requests until converged, {r.label}:", r.breakdown, r.n))
+        print(breakdown(f"operator requests in the no-op window, {r.label}:", r.noop_breakdown, r.n))
     bad = [r for r in results if r.noop_writes]
     for r in bad:
         writes = collections.Counter({k: c for k, c in r.noop_breakdown.items() if k[1] in WRITE_VERBS})

@@ -11,7 +11,10 @@ as processes on loopback, the engine stand-in), the operator as a subprocess (`q
 the disk tier imports torch: 50 of them do not fit in 24 GB), so a rollout is: canary, delete, a new pod,
 readiness, the check.
 
-    python bench/rollouts.py [--servers 50] [--timeout 900] [--smoke]
+    python bench/rollouts.py [--servers 50] [--timeout 900] [--smoke] [--baseline DIR]
+
+`--baseline DIR` runs everything first with the operator of another checkout (a git worktree of an older
+commit), on a fresh control plane of its own, and prints both side by side with the ratio this/baseline.
 """
 
 from __future__ import annotations
@@ -128,24 +131,38 @@ def roll_all(bench: Bench, names: list[str], value: str, probe: str | None, time
             "latency": latency}  # fmt: skip
 
 
-def table(alone: dict[str, Any], idle_latency: float, many: dict[str, Any], n: int) -> str:
-    rows = [
+def _rows(run: dict[str, Any], n: int) -> list[tuple[str, float, float]]:
+    alone, many = run["alone"], run["many"]
+    return [
         ("rollouts at once", 1, n),
         ("all rollouts complete (s)", alone["wall"], many["wall"]),
         ("rollout, median (s)", alone["median"], many["median"]),
         ("rollout, slowest (s)", alone["max"], many["max"]),
         ("completed", alone["complete"], many["complete"]),
-        ("new resource -> StatefulSet (s)", idle_latency, many["latency"]),
+        ("new resource -> StatefulSet (s)", run["idle_latency"], many["latency"]),
     ]
+
+
+def table(run: dict[str, Any], n: int, baseline: dict[str, Any] | None = None) -> str:
+    """alone / idle, N at once and their ratio; with a baseline run also its N column and this/baseline."""
     head = f"{'metric':34} {'alone / idle':>13} {'N at once':>10} {'ratio':>8}"
+    if baseline:
+        head = f"{'metric':34} {'baseline N':>11} {'alone / idle':>13} {'N at once':>10} {'ratio':>8} {'vs base':>8}"
     lines = [head, "-" * len(head)]
-    for label, a, b in rows:
+    base_rows = _rows(baseline, n) if baseline else [None] * 6
+    for (label, a, b), base in zip(_rows(run, n), base_rows, strict=True):
         ratio = f"{b / a:.2f}x" if a else "-"
-        lines.append(f"{label:34} {a:13.2f} {b:10.2f} {ratio:>8}")
+        if base is None:
+            lines.append(f"{label:34} {a:13.2f} {b:10.2f} {ratio:>8}")
+        else:
+            versus = f"{b / base[2]:.2f}x" if base[2] else "-"
+            lines.append(f"{label:34} {base[2]:11.2f} {a:13.2f} {b:10.2f} {ratio:>8} {versus:>8}")
     return "\n".join(lines)
 
 
-def run(servers: int, timeout: float, workdir: Path) -> int:
+def run(servers: int, timeout: float, workdir: Path, repo: Path = REPO) -> dict[str, Any]:
+    """One fresh cluster, nodes and operator (of checkout `repo`): a rollout alone, then `servers` at once."""
+    workdir.mkdir(parents=True, exist_ok=True)
     quiet = lambda msg: None  # noqa: E731 - DevCluster's chatter would break the table
     with DevCluster(log=quiet) as cluster:
         api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
@@ -154,7 +171,7 @@ def run(servers: int, timeout: float, workdir: Path) -> int:
         nodes = math.ceil((servers + 3) * 2 / 8) + 1  # the example's pods ask for 2 GPUs; 8 per node
         with SimCluster(api, workdir / "volumes", NAMESPACE, nodes=nodes) as sim:
             sim.weights_claim(NAMESPACE)
-            op = OperatorProcess(cluster.kubeconfig, workdir / "operator.log")
+            op = OperatorProcess(cluster.kubeconfig, workdir / "operator.log", repo=repo)
             op.start()
             try:
                 bench = Bench(api, sim)
@@ -166,13 +183,15 @@ def run(servers: int, timeout: float, workdir: Path) -> int:
                 many = roll_all(bench, names, "many", "probe-busy", timeout)
             finally:
                 op.stop()
-    print(f"bench/rollouts.py: {servers} servers (1 replica each, no disk tier), real control plane, "
-          f"kubelet stand-ins on {nodes} nodes, operator as a subprocess")
-    print(table(alone, idle_latency, many, servers))
-    ok = many["complete"] == servers and alone["complete"] == 1
+    return {"alone": alone, "idle_latency": idle_latency, "many": many, "nodes": nodes, "workdir": workdir}
+
+
+def _ok(result: dict[str, Any], servers: int, what: str) -> bool:
+    ok = result["many"]["complete"] == servers and result["alone"]["complete"] == 1
     if not ok:
-        print(f"FAIL: {servers - many['complete']} rollouts did not complete (see {workdir}/operator.log)")
-    return 0 if ok else 1
+        print(f"FAIL ({what}): {servers - result['many']['complete']} rollouts did not complete "
+              f"(see {result['workdir']}/operator.log)")
+    return ok
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,10 +199,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--servers", type=int, default=50)
     ap.add_argument("--timeout", type=float, default=900, help="seconds for the rollouts to finish")
     ap.add_argument("--smoke", action="store_true", help="3 servers: CI's check that the benchmark still runs")
+    ap.add_argument("--baseline", type=Path, metavar="DIR",
+                    help="another checkout (a git worktree of an older commit): run it first, print both")
     args = ap.parse_args(argv)
     servers = 3 if args.smoke else args.servers
     with tempfile.TemporaryDirectory(prefix="bench-rollouts-") as tmp:
-        return run(servers, args.timeout, Path(tmp))
+        base = None
+        if args.baseline:
+            base = run(servers, args.timeout, Path(tmp) / "baseline", args.baseline.resolve())
+        this = run(servers, args.timeout, Path(tmp) / "this")
+        print(f"bench/rollouts.py: {servers} servers (1 replica each, no disk tier), real control plane, "
+              f"kubelet stand-ins on {this['nodes']} nodes, operator as a subprocess"
+              + (f"; baseline: the operator of {args.baseline}" if base else ""))
+        print(table(this, servers, base))
+        ok = _ok(this, servers, "this checkout") and (base is None or _ok(base, servers, "baseline"))
+        return 0 if ok else 1
 
 
 if __name__ == "__main__":
