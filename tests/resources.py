@@ -34,6 +34,16 @@ def variant(**changes: Any) -> dict[str, Any]:
 
 DELETE = object()
 
+
+def derived(doc: dict[str, Any], node_bytes: int | None = None) -> Any:
+    """What `plan` derives from a document's spec (qwen_hicache.derive.Derived)."""
+    from qwen_hicache.derive import derive
+    from qwen_hicache.geometry import resolve_geometry
+    from qwen_hicache.plan import parse_spec
+
+    spec = parse_spec(doc["spec"])
+    return derive(spec, resolve_geometry(spec.model), node_bytes)
+
 # (id, dotted changes, a fragment both pydantic and the API server must put in their message)
 BAD_SPECS: list[tuple[str, dict[str, Any], str]] = [
     ("tp-zero", {"spec.runtime.tensorParallelSize": 0}, "tensorParallelSize"),

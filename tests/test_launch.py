@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from qwen_hicache.cli import offline_meta
-from qwen_hicache.launch import LaunchSizing, launch_args, launch_env, managed_flags
+from qwen_hicache.launch import LaunchSizing, launch_args, launch_env
 from qwen_hicache.plan import parse_spec, plan
 from qwen_hicache.podlifecycle import DrainPlan
-from resources import example, variant
+from resources import derived, example, variant
 
 SIZING = LaunchSizing(30, 1 << 30, 2 << 30, 1 << 29, 123, 456)
 
@@ -67,5 +67,4 @@ def test_each_flag_appears_once() -> None:
 
 
 def test_managed_flags_cover_derived_ones() -> None:
-    spec = parse_spec(example()["spec"])
-    assert {"--tp-size", "--hicache-size", "--hicache-ratio", "--page-size"} <= managed_flags(spec, SIZING)
+    assert {"--tp-size", "--hicache-size", "--hicache-ratio", "--page-size"} <= derived(example()).managed_flags

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from qwen_hicache.launch import LaunchSizing
-from qwen_hicache.plan import parse_spec
 from qwen_hicache.policies import evaluate
-from resources import example, variant
-
-SIZING = LaunchSizing(30, 1, 1, 1, 1, 1)
+from resources import derived, example, variant
 
 
 def _reasons(doc: dict) -> list[tuple[str, bool]]:
-    return [(p.reason, p.blocking) for p in evaluate(parse_spec(doc["spec"]), SIZING)]
+    return [(p.reason, p.blocking) for p in evaluate(derived(doc))]
 
 
 def test_example_has_no_problems() -> None:
@@ -20,7 +16,7 @@ def test_example_has_no_problems() -> None:
 
 def test_extra_args_may_not_override_managed_flags() -> None:
     doc = variant(**{"spec.runtime.extraArgs": ["--tp-size=4", "--log-level", "info", "--hicache-ratio", "3"]})
-    problems = evaluate(parse_spec(doc["spec"]), SIZING)
+    problems = evaluate(derived(doc))
     assert problems[0].reason == "ManagedFlagInExtraArgs" and problems[0].blocking
     assert "--hicache-ratio, --tp-size" in problems[0].message
     assert "--log-level" not in problems[0].message
@@ -43,7 +39,7 @@ def test_write_back_with_disk_is_a_warning_not_a_block() -> None:
 
 def test_aliases_and_abbreviations_of_managed_flags_are_refused() -> None:
     doc = variant(**{"spec.runtime.extraArgs": ["--tensor-parallel-size", "4", "--hicache-si=9", "--enable-hicache"]})
-    problems = evaluate(parse_spec(doc["spec"]), SIZING)
+    problems = evaluate(derived(doc))
     assert problems[0].reason == "ManagedFlagInExtraArgs"
     assert "--tensor-parallel-size (the runtime reads it as --tp-size)" in problems[0].message
     assert "--hicache-si (the runtime reads it as --hicache-size)" in problems[0].message
@@ -56,7 +52,7 @@ def test_config_file_flag_is_refused() -> None:
 
 def test_unknown_and_ambiguous_flags_are_refused_by_name() -> None:
     doc = variant(**{"spec.runtime.extraArgs": ["--no-such-flag", "--hicache", "x"]})
-    problems = [p for p in evaluate(parse_spec(doc["spec"]), SIZING) if p.reason == "UnknownRuntimeFlag"]
+    problems = [p for p in evaluate(derived(doc)) if p.reason == "UnknownRuntimeFlag"]
     assert "--no-such-flag is not a flag of sglang 0.5.23" in problems[0].message
     assert "--hicache is ambiguous" in problems[0].message
 
@@ -68,5 +64,5 @@ def test_mutable_image_tag_is_a_warning() -> None:
 
 def test_speculative_settings_the_runtime_rewrites_are_refused() -> None:
     doc = variant(**{"spec.runtime.speculative": {"numSteps": 3, "numDraftTokens": 8, "eagleTopk": 1}})
-    problems = evaluate(parse_spec(doc["spec"]), SIZING)
+    problems = evaluate(derived(doc))
     assert problems[0].reason == "SpeculativeRewritten" and "numDraftTokens: 4" in problems[0].message

@@ -43,9 +43,8 @@ def test_an_init_failure_is_pod_failing_and_long_messages_keep_their_tail() -> N
 
 
 def test_a_server_without_a_disk_tier_never_pauses_for_a_cold_start() -> None:
-    from qwen_hicache.reconciler import _policy
     from resources import variant
 
-    assert _policy(plan(offline_meta(example()), example()["spec"])).require_warm
+    assert plan(offline_meta(example()), example()["spec"]).derived.policy.require_warm
     diskless = variant(**{"spec.hicache.disk": {"enabled": False}})
-    assert not _policy(plan(offline_meta(diskless), diskless["spec"])).require_warm
+    assert not plan(offline_meta(diskless), diskless["spec"]).derived.policy.require_warm

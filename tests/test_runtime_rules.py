@@ -15,14 +15,20 @@ import json
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from qwen_hicache import policies, runtime_flags
+from qwen_hicache.geometry import resolve_geometry
 from qwen_hicache.plan import parse_spec
-from resources import DELETE, variant
+from resources import DELETE, derived, variant
 
 from harness.runtime_flags import TABLE, runtime_parser, table_from
 from harness.sim.sglang_tree import patched_sglang_tree, tree_info
+
+
+def _geometry_problems(spec: Any) -> list[policies.Problem]:
+    return policies.geometry_problems(spec, resolve_geometry(spec.model))
 
 
 @pytest.fixture(scope="module")
@@ -75,15 +81,12 @@ def test_tokens_resolve_as_the_runtime_parser_reads_them(parser: argparse.Argume
 
 
 def test_every_alias_of_a_managed_flag_is_refused(parser: argparse.ArgumentParser) -> None:
-    spec = parse_spec(variant()["spec"])
-    from test_policies import SIZING
-
-    managed = policies._managed_dests(spec, SIZING)
+    managed = policies._managed_dests(derived(variant()))
     aliases = [o for a in parser._actions if a.dest in managed for o in a.option_strings]
     assert "--tensor-parallel-size" in aliases and "--enable-hicache" in aliases and "--model" in aliases
     for alias in aliases:
         doc = variant(**{"spec.runtime.extraArgs": [alias, "1"]})
-        reasons = [p.reason for p in policies.evaluate(parse_spec(doc["spec"]), SIZING)]
+        reasons = [p.reason for p in policies.evaluate(derived(doc))]
         assert "ManagedFlagInExtraArgs" in reasons, alias
 
 
@@ -118,7 +121,7 @@ def test_tp_vs_kv_heads_is_the_runtime_attention_layers_rule(tree: Path) -> None
 
 def test_tp_that_splits_kv_heads_unevenly_is_refused() -> None:
     spec = parse_spec(variant(**{"spec.runtime.tensorParallelSize": 3})["spec"])
-    assert [p.reason for p in policies.geometry_problems(spec)] == ["TensorParallelSizeInvalid"]
+    assert [p.reason for p in _geometry_problems(spec)] == ["TensorParallelSizeInvalid"]
 
 
 def test_speculative_rewrite_is_the_runtimes_statement(tree: Path) -> None:
@@ -142,14 +145,14 @@ def test_speculative_rewrite_is_the_runtimes_statement(tree: Path) -> None:
                                                               "eagleTopk": topk, "numDraftTokens": draft},
                                  "spec.runtime.pageSize": 64})
                 spec = parse_spec(doc["spec"])
-                refused = policies.speculative_rewritten(spec, None) is not None  # type: ignore[arg-type]
+                refused = policies.speculative_rewritten(SimpleNamespace(spec=spec)) is not None  # type: ignore[arg-type]
                 assert refused == rewritten, (steps, topk, draft)
 
 
 def test_geometry_without_kv_layers_is_refused_not_crashed() -> None:
     doc = variant(**{"spec.model.geometry": {"fullAttentionLayers": 0}, "spec.runtime.speculative": DELETE})
     spec = parse_spec(doc["spec"])
-    assert [p.reason for p in policies.geometry_problems(spec)] == ["NoKVLayers"]
+    assert [p.reason for p in _geometry_problems(spec)] == ["NoKVLayers"]
 
 
 def _module_parts(source: str, *names: str) -> dict:
@@ -201,21 +204,20 @@ def test_longer_context_override_reads_env_as_the_runtime(tree: Path) -> None:
 def test_context_longer_than_the_model_is_refused_unless_overridden() -> None:
     geometry = {"maxContextLength": 262144}
     doc = variant(**{"spec.model.geometry": geometry, "spec.runtime.contextLength": 524288})
-    assert [p.reason for p in policies.geometry_problems(parse_spec(doc["spec"]))] == ["ContextLengthTooLong"]
+    assert [p.reason for p in _geometry_problems(parse_spec(doc["spec"]))] == ["ContextLengthTooLong"]
     doc["spec"]["runtime"]["env"] = [{"name": policies.ALLOW_LONGER_CONTEXT_ENV, "value": "1"}]
-    assert policies.geometry_problems(parse_spec(doc["spec"])) == []
+    assert _geometry_problems(parse_spec(doc["spec"])) == []
 
 
 def test_an_admin_key_that_starts_with_a_dash_reaches_the_runtime_as_the_key(parser: argparse.ArgumentParser) -> None:
     """The rendered args, `$(VAR)` expanded as the kubelet does, parsed by the runtime's own parser: a key from
     an older Secret (`token_urlsafe` starts with `-` about once in 64) is still the key, not a flag."""
-    from qwen_hicache.launch import ADMIN_KEY_ENV, launch_args
-    from test_policies import SIZING
+    from qwen_hicache.launch import ADMIN_KEY_ENV
 
     from harness.sim.kubelet import expand
 
     key = "-Zx3_rF0q"
-    args = [expand(a, {ADMIN_KEY_ENV: key}) for a in launch_args(parse_spec(variant()["spec"]), SIZING)]
+    args = [expand(a, {ADMIN_KEY_ENV: key}) for a in derived(variant()).args]
     parser.error = lambda message: (_ for _ in ()).throw(ValueError(message))  # type: ignore[method-assign]
     assert parser.parse_args(args).admin_api_key == key
     with pytest.raises(ValueError):  # the two-argument form it replaces: the key read as an unknown flag

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 from qwen_hicache.geometry import from_hf_config
-from qwen_hicache.launch import MEMORY_FLAGS, launch_args, managed_flags
+from qwen_hicache.launch import MEMORY_FLAGS, launch_args
 from qwen_hicache.sizing import GIB, SizingError, check_fit, compute_sizing
 from qwen_hicache.sizing_report import render_table
 from qwen_hicache.spec import QwenHiCacheServerSpec
+from resources import derived
 
 ROOT = Path(__file__).parent.parent
 HF = Path(__file__).parent / "data" / "hf"
@@ -136,8 +137,7 @@ def test_geometry_merged_onto_the_default_profile_is_said_in_status():
 
 
 def test_flags_that_change_the_runtime_allocation_are_not_accepted_from_extra_args():
-    s = sized(example())
-    managed = managed_flags(QwenHiCacheServerSpec.model_validate(example()), s.launch_sizing())
+    managed = derived({"spec": example()}).managed_flags
     assert managed >= MEMORY_FLAGS
     assert {"--enable-linear-replayssm-spec", "--mamba-radix-cache-strategy"} <= managed
 
@@ -242,15 +242,29 @@ def test_disk_with_no_room_is_a_problem():
 # --- node fit --------
 
 
+def _fit(raw: dict, node_bytes: int | None = None) -> tuple[str, ...]:
+    """The node fit derive computes once (against the smaller of the nodeMemory hint and the nodes seen)."""
+    return derived({"spec": raw}, node_bytes).fit
+
+
 def test_pod_that_cannot_fit_the_node_is_refused_with_numbers_and_a_fix_that_works():
     raw = example()
     raw["runtime"]["nodeMemory"] = "120Gi"
     s = sized(raw)
-    (problem,) = s.problems
+    (problem,) = _fit(raw)
     assert "120.0 GiB" in problem and f"{s.pod_memory_limit_bytes / GIB:,.1f} GiB" in problem
     suggested = int(problem.split("hostMemoryPerRankGB to ")[1].split()[0])
     raw["hicache"]["hostMemoryPerRankGB"] = suggested
-    assert not sized(raw).problems
+    assert not sized(raw).problems and not _fit(raw)
+
+
+def test_the_fit_is_checked_once_against_the_smallest_known_node():
+    raw = example()
+    raw["runtime"]["nodeMemory"] = "2Ti"
+    assert _fit(raw) == () and len(_fit(raw, 120 * GIB)) == 1 and "120.0 GiB" in _fit(raw, 120 * GIB)[0]
+    raw["runtime"]["nodeMemory"] = "100Gi"
+    (problem,) = _fit(raw, 120 * GIB)
+    assert "100.0 GiB" in problem
 
 
 def test_check_fit_is_silent_without_a_hint_or_when_it_fits():

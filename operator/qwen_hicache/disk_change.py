@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kubernetes.utils import parse_quantity
+from .units import to_bytes
 
 Obj = dict[str, Any]
 Kind = Literal["none", "grow", "shrink", "recreate", "class"]
@@ -44,7 +44,7 @@ class DiskChange:
 
 def _human(quantity: str) -> str:
     """`644245094400` as `600Gi` (what the admin wrote), other values unchanged."""
-    n = parse_quantity(quantity)
+    n = to_bytes(quantity)
     for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20)):
         if n >= size and n % size == 0:
             return f"{int(n // size)}{unit}"
@@ -66,7 +66,7 @@ def _comparable(claim: Obj | None) -> Obj | None:
         return None
     spec = claim.get("spec") or {}
     return {"name": (claim.get("metadata") or {}).get("name"), "labels": (claim.get("metadata") or {}).get("labels"),
-            "accessModes": spec.get("accessModes"), "storage": parse_quantity(_storage(claim))}
+            "accessModes": spec.get("accessModes"), "storage": to_bytes(_storage(claim))}
 
 
 def classify(live: Obj | None, desired: Obj) -> DiskChange:
@@ -88,7 +88,7 @@ def classify(live: Obj | None, desired: Obj) -> DiskChange:
                           f"hicache.disk.storageClassName {new_class!r}: the cache volumes exist with class "
                           f"{old_class!r} and a claim cannot change class; set it back, or delete the server and its "
                           "hicache-* claims to start over on the new class")
-    old_bytes, new_bytes = parse_quantity(_storage(old)), parse_quantity(_storage(new))
+    old_bytes, new_bytes = to_bytes(_storage(old)), to_bytes(_storage(new))
     if new_bytes < old_bytes:
         return DiskChange("shrink", "DiskShrinkRefused",
                           f"hicache.disk.size asks for {_human(_storage(new))} per volume but the cache volumes have "
@@ -106,8 +106,8 @@ def classify(live: Obj | None, desired: Obj) -> DiskChange:
 
 def claims_to_expand(claims: list[Obj], size: str) -> list[str]:
     """Cache claims whose request is below `size`."""
-    want = parse_quantity(size)
-    return sorted(c["metadata"]["name"] for c in claims if parse_quantity(_storage(c)) < want)
+    want = to_bytes(size)
+    return sorted(c["metadata"]["name"] for c in claims if to_bytes(_storage(c)) < want)
 
 
 def expansion_blocker(claims: list[Obj], classes: dict[str, Obj | None]) -> str | None:

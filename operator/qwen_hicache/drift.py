@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from typing import Any
 
-from kubernetes.utils import parse_quantity
-
 from .constants import HASH_ANNOTATION  # noqa: F401 - re-exported
-
-_QUANTITY = re.compile(r"^[+-]?[0-9.]+(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?[0-9]+)?$")
+from .units import same_quantity
 
 
 def content_hash(obj: Any) -> str:
@@ -39,13 +35,7 @@ def is_subset(want: Any, have: Any) -> bool:
         return isinstance(have, dict) and all(k in have and is_subset(v, have[k]) for k, v in want.items())
     if isinstance(want, list):
         return isinstance(have, list) and len(want) == len(have) and all(map(is_subset, want, have))
-    return want == have or (isinstance(want, str) and isinstance(have, str) and _same_quantity(want, have))
-
-
-def _same_quantity(a: str, b: str) -> bool:
-    if not (_QUANTITY.match(a) and _QUANTITY.match(b)):
-        return False
-    return parse_quantity(a) == parse_quantity(b)
+    return want == have or (isinstance(want, str) and isinstance(have, str) and same_quantity(want, have))
 
 
 def is_applied(desired: dict[str, Any], live: dict[str, Any] | None) -> bool:

@@ -18,7 +18,7 @@ import hashlib
 import json
 from typing import Any
 
-from .geometry import resolve_geometry
+from .geometry import Geometry, resolve_geometry
 from .spec import QwenHiCacheServerSpec, flag_name
 
 FINGERPRINT_VERSION = 1
@@ -55,10 +55,11 @@ def _extra_overrides(args: list[str]) -> list[str]:
     return out
 
 
-def fingerprint_inputs(spec: QwenHiCacheServerSpec) -> dict[str, Any]:
-    """Every input of the fingerprint, named; shown in status so a cold start can be explained."""
+def fingerprint_inputs(spec: QwenHiCacheServerSpec, geometry: Geometry | None = None) -> dict[str, Any]:
+    """Every input of the fingerprint, named; shown in status so a cold start can be explained. `geometry`: the
+    spec's resolved geometry (derive passes the one it resolved; resolved here otherwise)."""
     rt, hc = spec.runtime, spec.hicache
-    geometry = resolve_geometry(spec.model)
+    geometry = geometry or resolve_geometry(spec.model)
     speculative = rt.speculative
     return {
         "fingerprintVersion": FINGERPRINT_VERSION,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .podlifecycle import DrainPlan
-from .spec import QwenHiCacheServerSpec, flag_name
+from .spec import QwenHiCacheServerSpec
 
 MODEL_MOUNT = "/models"
 CACHE_MOUNT = "/var/cache/hicache"
@@ -128,18 +128,19 @@ ADMIN = [f"--admin-api-key=$({ADMIN_KEY_ENV})"]
 a key that starts with `-` (older Secrets held `token_urlsafe` keys) is never taken for a flag."""
 
 
+def managed_args(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> list[str]:
+    """The arguments the operator derives (derive.Derived keeps them; extraArgs follow them)."""
+    return [*_model_flags(spec, sizing), *_hicache_flags(spec, sizing), *OBSERVABILITY, *ADMIN]
+
+
 def launch_args(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> list[str]:
     """The runtime's full argument list (after the entrypoint), extra args last."""
-    return [*_model_flags(spec, sizing), *_hicache_flags(spec, sizing), *OBSERVABILITY, *ADMIN,
-            *spec.runtime.extra_args]
+    return [*managed_args(spec, sizing), *spec.runtime.extra_args]
 
 
-def managed_flags(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> set[str]:
-    """Flags the operator sets itself (extra args may not repeat them)."""
-    derived = [*_model_flags(spec, sizing), *_hicache_flags(spec, sizing), *OBSERVABILITY, *ADMIN]
-    always = {"--hicache-storage-backend", "--hicache-ratio", "--hicache-size", "--hicache-mamba-host-slots",
-              *MEMORY_FLAGS}
-    return {f for f in (flag_name(a) for a in derived) if f} | always
+ALWAYS_MANAGED = frozenset({"--hicache-storage-backend", "--hicache-ratio", "--hicache-size",
+                            "--hicache-mamba-host-slots", *MEMORY_FLAGS})
+"""Flags the operator owns whether or not it renders them for this spec (extra args may not set them)."""
 
 
 def cache_dir(fingerprint: str) -> str:

@@ -10,9 +10,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import launch, policies, render, rollout
-from .geometry import GeometryError
-from .sizing import SizingError, check_fit, compute_sizing
+from . import launch, policies, render
+from .derive import Derived, derive
+from .geometry import GeometryError, resolve_geometry
+from .sizing import SizingError
 from .spec import QwenHiCacheServerSpec, name_problem
 
 Obj = dict[str, Any]
@@ -25,16 +26,30 @@ class Plan:
     spec: QwenHiCacheServerSpec | None
     objects: list[Obj] = field(default_factory=list)
     problems: list[policies.Problem] = field(default_factory=list)
-    launch: Obj = field(default_factory=dict)
-    sizing: Obj = field(default_factory=dict)
-    cache: Obj = field(default_factory=dict)
-    target: str = ""
-    """Rollout target every pod should run (see rollout.target_of)."""
+    derived: Derived | None = None
+    """Everything derived from a spec that could be sized (None for an invalid or unsizable spec)."""
 
     @property
     def blocked(self) -> bool:
         """True when nothing may be applied (a blocking problem, or an unparseable spec)."""
         return any(p.blocking for p in self.problems)
+
+    @property
+    def launch(self) -> Obj:
+        return launch_status(self.derived) if self.derived else {}
+
+    @property
+    def sizing(self) -> Obj:
+        return self.derived.sizing.as_status(self.derived.fit) if self.derived else {}
+
+    @property
+    def cache(self) -> Obj:
+        return cache_status(self.derived) if self.derived and self.derived.spec.hicache.disk.enabled else {}
+
+    @property
+    def target(self) -> str:
+        """Rollout target every pod should run (see rollout.target)."""
+        return self.derived.target if self.derived else ""
 
 
 def format_validation_error(err: ValidationError) -> str:
@@ -51,14 +66,14 @@ def parse_spec(raw: Obj) -> QwenHiCacheServerSpec:
     return QwenHiCacheServerSpec.model_validate(raw)
 
 
-def launch_status(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Obj:
+def launch_status(d: Derived) -> Obj:
     """The derived launch configuration shown in status (what the pods actually run)."""
     return {
-        "image": spec.runtime.image,
-        "tensorParallelSize": spec.runtime.tensor_parallel_size,
-        "gpusPerPod": spec.runtime.tensor_parallel_size,
-        "hostMemoryPerRankGB": sizing.host_size_gb,
-        "args": launch.launch_args(spec, sizing),
+        "image": d.spec.runtime.image,
+        "tensorParallelSize": d.spec.runtime.tensor_parallel_size,
+        "gpusPerPod": d.spec.runtime.tensor_parallel_size,
+        "hostMemoryPerRankGB": d.launch.host_size_gb,
+        "args": d.args,
         "renderVersion": render.RENDER_VERSION,
     }
 
@@ -71,7 +86,7 @@ def plan(meta: Obj, raw_spec: Obj, node_allocatable_bytes: int | None = None) ->
     """Everything the operator derives from one resource. Invalid input yields problems, not objects.
 
     `node_allocatable_bytes`: the smallest allocatable memory among the nodes the pods may land on, when the
-    operator could read them (the spec's `runtime.nodeMemory` hint is checked by sizing itself)."""
+    operator could read them (checked together with the spec's `runtime.nodeMemory` hint)."""
     try:
         spec = parse_spec(raw_spec)
     except ValidationError as err:
@@ -86,28 +101,28 @@ def plan(meta: Obj, raw_spec: Obj, node_allocatable_bytes: int | None = None) ->
 
 
 def _plan_valid(meta: Obj, spec: QwenHiCacheServerSpec, node_allocatable_bytes: int | None) -> Plan:
-    if early := policies.geometry_problems(spec):
+    try:
+        geometry = resolve_geometry(spec.model)
+    except GeometryError as err:
+        return Plan(spec, problems=[_sizing_problem(str(err))])
+    if early := policies.geometry_problems(spec, geometry):
         return Plan(spec, problems=early)
     try:
-        sized = compute_sizing(spec)
+        d = derive(spec, geometry, node_allocatable_bytes)
     except (SizingError, GeometryError) as err:
         return Plan(spec, problems=[_sizing_problem(str(err))])
     except (ArithmeticError, ValueError) as err:  # e.g. an extreme size that overflows a float
         return Plan(spec, problems=[_sizing_problem(f"these sizes cannot be computed ({err}); check the host memory, "
                                                     "GPU memory and geometry values for extreme numbers")])
-    sizing = sized.launch_sizing()
-    fit = check_fit(sized, node_allocatable_bytes)
-    problems = [_sizing_problem(m) for m in [*sized.problems, *fit]] + policies.evaluate(spec, sizing)
+    problems = [_sizing_problem(m) for m in d.problems] + policies.evaluate(d)
     problems.sort(key=lambda p: not p.blocking)
-    layout = render.cache_layout(spec, sizing)
-    objects = [] if any(p.blocking for p in problems) else render.render_all(meta, spec, sizing, layout)
-    cache = cache_status(layout) if spec.hicache.disk.enabled else {}
-    return Plan(spec, objects, problems, launch_status(spec, sizing), sized.as_status(), cache,
-                rollout.target_of(spec))
+    objects = [] if any(p.blocking for p in problems) else render.render_all(meta, d)
+    return Plan(spec, objects, problems, d)
 
 
-def cache_status(layout: render.CacheLayout) -> Obj:
+def cache_status(d: Derived) -> Obj:
     """The disk cache's identity and stop budget, as reported in `status.cache`."""
+    layout = d.layout
     return {
         "fingerprint": layout.fingerprint,
         "directory": launch.cache_dir(layout.fingerprint),

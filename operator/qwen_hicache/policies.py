@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import launch, runtime_flags
-from .geometry import Geometry, GeometryError, resolve_geometry
+from .derive import Derived
+from .geometry import Geometry
 from .spec import QwenHiCacheServerSpec
 
 
@@ -25,17 +26,17 @@ class Problem:
     """The condition type this problem sets to False."""
 
 
-Check = Callable[[QwenHiCacheServerSpec, launch.LaunchSizing], Problem | None]
+Check = Callable[[Derived], Problem | None]
 
 
 CONFIG_FILE_DEST = "config"
 """`--config FILE` makes the runtime read any flag from a YAML file: the operator could not see them."""
 
 
-def _managed_dests(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> dict[str, str]:
+def _managed_dests(d: Derived) -> dict[str, str]:
     """Setting (argparse dest) -> the flag the operator spells for it."""
     out = {CONFIG_FILE_DEST: "--config"}
-    for flag in sorted(launch.managed_flags(spec, sizing)):
+    for flag in sorted(d.managed_flags):
         dest = runtime_flags.dest_of(flag)
         out[dest or flag.lstrip("-").replace("-", "_")] = flag
     return out
@@ -50,11 +51,11 @@ def _spelled(r: runtime_flags.Resolved, canonical: str) -> str:
     return written if written == canonical else f"{written} (the runtime reads it as {canonical})"
 
 
-def managed_flag_override(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Problem | None:
+def managed_flag_override(d: Derived) -> Problem | None:
     """extraArgs may not set a setting the operator derives (by any alias or abbreviation the runtime's parser
     accepts): status, sizing and cache identity would lie."""
-    managed = _managed_dests(spec, sizing)
-    clash = sorted({_spelled(r, managed[r.dest]) for r in _extra_options(spec) if r.dest in managed})
+    managed = _managed_dests(d)
+    clash = sorted({_spelled(r, managed[r.dest]) for r in _extra_options(d.spec) if r.dest in managed})
     if not clash:
         return None
     return Problem(
@@ -64,9 +65,9 @@ def managed_flag_override(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizi
     )
 
 
-def unknown_runtime_flag(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Problem | None:
+def unknown_runtime_flag(d: Derived) -> Problem | None:
     """A flag the runtime's parser does not know, or cannot tell apart, makes the server exit at startup."""
-    bad = [r for r in _extra_options(spec) if r.error]
+    bad = [r for r in _extra_options(d.spec) if r.error]
     if not bad:
         return None
     parts = [f"{r.token.split('=', 1)[0]} is not a flag of {runtime_flags.table().runtime}" if r.error == "unrecognized"
@@ -76,8 +77,9 @@ def unknown_runtime_flag(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizin
     return Problem("UnknownRuntimeFlag", f"runtime.extraArgs: {'; '.join(parts)}: the runtime would exit at startup")
 
 
-def managed_env_override(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Problem | None:
+def managed_env_override(d: Derived) -> Problem | None:
     """The file tier's directory and cap belong to the operator (the volume layout depends on them)."""
+    spec = d.spec
     clash = sorted({e.name for e in spec.runtime.env} & launch.MANAGED_ENV)
     if not clash:
         return None
@@ -87,8 +89,9 @@ def managed_env_override(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizin
     )
 
 
-def duplicate_env(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Problem | None:
+def duplicate_env(d: Derived) -> Problem | None:
     """Kubernetes keeps only one value per name; a duplicate is almost always a mistake."""
+    spec = d.spec
     names = [e.name for e in spec.runtime.env]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if not dupes:
@@ -96,8 +99,9 @@ def duplicate_env(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> P
     return Problem("DuplicateEnv", f"runtime.env repeats {', '.join(dupes)}")
 
 
-def write_back_not_persistent(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Problem | None:
+def write_back_not_persistent(d: Derived) -> Problem | None:
     """`write_back` only writes pages to disk when the GPU evicts them: a restart finds a cold cache."""
+    spec = d.spec
     if not (spec.hicache.disk.enabled and spec.hicache.write_policy == "write_back"):
         return None
     return Problem(
@@ -109,9 +113,10 @@ def write_back_not_persistent(spec: QwenHiCacheServerSpec, sizing: launch.Launch
     )
 
 
-def speculative_rewritten(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Problem | None:
+def speculative_rewritten(d: Derived) -> Problem | None:
     """The runtime (EAGLE family: NEXTN is EAGLE) replaces numDraftTokens with numSteps + 1 when eagleTopk is 1;
     the fingerprint and the draft-vs-page check would describe a configuration that never runs."""
+    spec = d.spec
     sp = spec.runtime.speculative
     if sp is None or sp.eagle_topk != 1 or sp.num_draft_tokens == sp.num_steps + 1:
         return None
@@ -122,8 +127,9 @@ def speculative_rewritten(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizi
     )
 
 
-def image_not_pinned(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> Problem | None:
+def image_not_pinned(d: Derived) -> Problem | None:
     """The cache fingerprint hashes the image reference: a mutable tag can change the runtime under the cache."""
+    spec = d.spec
     if "@" in spec.runtime.image:
         return None
     return Problem(
@@ -191,16 +197,12 @@ def context_too_long(spec: QwenHiCacheServerSpec, g: Geometry) -> Problem | None
 GEOMETRY_CHECKS = (no_kv_layers, tp_vs_kv_heads, context_too_long)
 
 
-def geometry_problems(spec: QwenHiCacheServerSpec) -> list[Problem]:
-    """Checks that must pass before sizing can even be computed; an unresolvable geometry is left to sizing."""
-    try:
-        g = resolve_geometry(spec.model)
-    except GeometryError:
-        return []
+def geometry_problems(spec: QwenHiCacheServerSpec, g: Geometry) -> list[Problem]:
+    """Checks on the resolved geometry that must pass before sizing can even be computed."""
     return [p for p in (check(spec, g) for check in GEOMETRY_CHECKS) if p]
 
 
-def evaluate(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> list[Problem]:
+def evaluate(d: Derived) -> list[Problem]:
     """Every problem found, blocking ones first."""
-    found = [p for p in (check(spec, sizing) for check in CHECKS) if p]
+    found = [p for p in (check(d) for check in CHECKS) if p]
     return sorted(found, key=lambda p: not p.blocking)

@@ -16,11 +16,10 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import DynamicApiError
 
-from . import claim_history, disk_change, diskusage, drift, engine, metrics, policies, render, rollout, router
+from . import claim_history, disk_change, diskusage, drift, engine, metrics, policies, render, rollout, router, units
 from .conditions import transitions
 from .kube import Kube
 from .plan import Plan, plan
-from .sizing import parse_quantity
 from .status import CRASH_LOOPING, POD_FAILING, Observed, PodProblem, build_status, conditions_for
 
 Obj = dict[str, Any]
@@ -141,19 +140,12 @@ def _detail(term: Obj) -> str:
     return f": {detail[-MESSAGE_CHARS:]}" if detail else ""
 
 
-def _policy(p: Plan) -> rollout.Policy:
-    """The rollout's rules; without a disk tier nothing can come back warm, so none is required (the check
-    still runs and records what came back)."""
-    ro = p.spec.rollout
-    return rollout.Policy(ro.max_unavailable, ro.pod_timeout_seconds,
-                          ro.require_warm_start and p.spec.hicache.disk.enabled, p.cache.get("fingerprint", ""))
-
-
 def _run_rollout(kube: Kube, body: Obj, p: Plan, pods: list[Obj], now: str, outcome: Outcome) -> Obj:
     """Advance the restart state machine one step and perform its side effects."""
     meta, old = body["metadata"], body.get("status") or {}
     views = [rollout.PodView.from_pod(pod) for pod in pods]
-    rs, actions = rollout.plan_rollout(old.get("restart"), views, p.target, p.spec.replicas, _policy(p), now)
+    policy = p.derived.policy
+    rs, actions = rollout.plan_rollout(old.get("restart"), views, p.target, p.spec.replicas, policy, now)
     outcome.rollout_actions = len(actions)
     port, prompt = p.spec.runtime.port, rollout.canary_prompt(meta["name"])
     for act in actions:
@@ -168,7 +160,7 @@ def _run_rollout(kube: Kube, body: Obj, p: Plan, pods: list[Obj], now: str, outc
         elif act.kind == "verify":
             res = engine.generate(act.ip, port, prompt)
             metrics = engine.cache_metrics(act.ip, port) if res.storage_tokens is not None else {}
-            rs = rollout.verified(rs, act.pod, res.storage_tokens, res.error, _policy(p), now, metrics)
+            rs = rollout.verified(rs, act.pod, res.storage_tokens, res.error, policy, now, metrics)
     return rs
 
 
@@ -180,7 +172,7 @@ def _evict(kube: Kube, meta: Obj, p: Plan, rs: Obj, act: rollout.Action) -> bool
         return False  # seam "before delete": the router still routes to it
     pods = kube.list("v1", "Pod", meta["namespace"], render.selector(meta["name"]))
     views = [rollout.PodView.from_pod(pod) for pod in pods]
-    if not rollout.may_take_down(views, act.pod, act.uid, p.spec.replicas, _policy(p)):
+    if not rollout.may_take_down(views, act.pod, act.uid, p.spec.replicas, p.derived.policy):
         return False
     return kube.evict_pod(meta["namespace"], act.pod, act.uid) is not None
 
@@ -203,8 +195,9 @@ def _converge(kube: Kube, body: Obj, p: Plan, outcome: Outcome, now: str, seen: 
         seen = {(o["kind"], o["metadata"]["name"]): None for o in children} | seen
     sts = _apply_children(kube, children, outcome, seen)
     secret = _ensure_admin_secret(kube, meta, old, outcome)
-    history = _annotate_claims(kube, meta, p.cache["fingerprint"], p.spec.hicache.disk.keep_old_namespaces) \
-        if p.cache else ()
+    disk = p.spec.hicache.disk
+    history = _annotate_claims(kube, meta, p.derived.layout.fingerprint, disk.keep_old_namespaces) \
+        if disk.enabled else ()
     pods = kube.list("v1", "Pod", meta["namespace"], render.selector(meta["name"]))
     restart = _run_rollout(kube, body, p, pods, now, outcome)
     routing = router.sync(kube, meta, p.spec, restart, old.get("router"))  # seam "after warm check": listed again
@@ -224,7 +217,7 @@ def _smallest_node_memory(kube: Kube, spec: Obj) -> int | None:
     """Smallest allocatable memory among nodes matching the node selector; None when unknown or unreadable."""
     selector = ((spec.get("runtime") or {}).get("nodeSelector")) or {}
     nodes = kube.list_nodes(selector)
-    sizes = [parse_quantity(str(m), "node allocatable memory") for n in nodes
+    sizes = [units.to_bytes(str(m)) for n in nodes
              if (m := ((n.get("status") or {}).get("allocatable") or {}).get("memory"))]
     return min(sizes) if sizes else None
 

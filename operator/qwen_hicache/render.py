@@ -1,13 +1,12 @@
 """Pure builders of the objects the operator owns for one QwenHiCacheServer (crate-operator style `get_*`).
 
-No I/O: given the resource's metadata, its validated spec and the sizing, return plain dicts ready for
+No I/O: given the resource's metadata and what `derive` derived from its spec, return plain dicts ready for
 server-side apply. Rendering the same inputs always yields the same bytes, so a no-op reconcile is a
 no-op, and `RENDER_VERSION` marks the pod template so an operator upgrade never rolls pods by itself.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from . import diskusage, launch, podlifecycle, render_router
@@ -21,10 +20,9 @@ from .constants import (  # noqa: F401 - re-exported
     RENDER_VERSION_ANNOTATION,
     standard_labels,
 )
+from .derive import Derived
 from .drift import with_hash
-from .fingerprint import fingerprint_inputs, fingerprint_of
-from .rollout import CONFIG_HASH_ANNOTATION, FINGERPRINT_ANNOTATION, RESTART_ANNOTATION, allowed_down, config_hash
-from .sizing import parse_quantity
+from .rollout import CONFIG_HASH_ANNOTATION, FINGERPRINT_ANNOTATION, RESTART_ANNOTATION, allowed_down
 from .spec import API_VERSION, KIND, QwenHiCacheServerSpec
 
 Obj = dict[str, Any]
@@ -150,24 +148,9 @@ def _volumes(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> list[O
     ]
 
 
-@dataclass(frozen=True)
-class CacheLayout:
-    """How a pod uses its cache volume: derived once per plan, used by the pod template and by status."""
-
-    fingerprint: str
-    inputs: Obj
-    drain: podlifecycle.DrainPlan
-
-
-def cache_layout(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing) -> CacheLayout:
-    """The cache namespace (fingerprint and its inputs) and the stop budget for one spec."""
-    rate = parse_quantity(spec.hicache.disk.write_bytes_per_second, "hicache.disk.writeBytesPerSecond")
-    inputs = fingerprint_inputs(spec)
-    return CacheLayout(fingerprint_of(inputs), inputs, podlifecycle.drain_plan(spec, sizing.host_bytes_per_rank, rate))
-
-
-def get_cache_guard(spec: QwenHiCacheServerSpec, layout: CacheLayout) -> Obj:
+def get_cache_guard(d: Derived) -> Obj:
     """Init container that owns the cache directory layout (see podlifecycle)."""
+    spec, layout = d.spec, d.layout
     return {
         "name": "cache-guard",
         "image": spec.runtime.image,
@@ -183,8 +166,9 @@ def get_cache_guard(spec: QwenHiCacheServerSpec, layout: CacheLayout) -> Obj:
     }
 
 
-def get_cache_usage_sidecar(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing, layout: CacheLayout) -> Obj:
+def get_cache_usage_sidecar(d: Derived) -> Obj:
     """Sidecar that measures the pod's disk tier for Prometheus and `status.replicaCache` (see diskusage)."""
+    spec, sizing, layout = d.spec, d.launch, d.layout
     env = [
         {"name": "QWEN_HICACHE_CACHE_ROOT", "value": launch.CACHE_MOUNT},
         {"name": "QWEN_HICACHE_FINGERPRINT", "value": layout.fingerprint},
@@ -205,15 +189,16 @@ def get_cache_usage_sidecar(spec: QwenHiCacheServerSpec, sizing: launch.LaunchSi
     }
 
 
-def get_container(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing, layout: CacheLayout) -> Obj:
+def get_container(meta: Obj, d: Derived) -> Obj:
     """The runtime container, started with the derived SGLang flags."""
+    spec, sizing, layout = d.spec, d.launch, d.layout
     env = launch.launch_env(spec, sizing, layout.fingerprint, admin_secret_name(meta["name"]), layout.drain)
     container = {
         "name": "sglang",
         "image": spec.runtime.image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": list(launch.ENTRYPOINT),
-        "args": launch.launch_args(spec, sizing),
+        "args": d.args,
         "env": env,
         "ports": [{"name": HTTP_PORT_NAME, "containerPort": spec.runtime.port, "protocol": "TCP"}],
         "resources": _resources(spec, sizing),
@@ -225,19 +210,19 @@ def get_container(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchS
     return container
 
 
-def get_pod_template(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing,
-                     layout: CacheLayout) -> Obj:
+def get_pod_template(meta: Obj, d: Derived) -> Obj:
     """Pod template; versioned so a different rendering by a newer operator is visible, not silent."""
+    spec, layout = d.spec, d.layout
     pod_spec: Obj = {
-        "containers": [get_container(meta, spec, sizing, layout)],
-        "volumes": _volumes(spec, sizing),
+        "containers": [get_container(meta, d)],
+        "volumes": _volumes(spec, d.launch),
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": layout.drain.grace_seconds,
     }
     if spec.hicache.disk.enabled:
-        pod_spec["initContainers"] = [get_cache_guard(spec, layout)]
-        pod_spec["containers"].append(get_cache_usage_sidecar(spec, sizing, layout))
+        pod_spec["initContainers"] = [get_cache_guard(d)]
+        pod_spec["containers"].append(get_cache_usage_sidecar(d))
     if spec.runtime.node_selector:
         pod_spec["nodeSelector"] = dict(spec.runtime.node_selector)
     if spec.runtime.tolerations:
@@ -247,7 +232,7 @@ def get_pod_template(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.Laun
             "labels": labels(meta["name"]),
             "annotations": {
                 RENDER_VERSION_ANNOTATION: RENDER_VERSION,
-                CONFIG_HASH_ANNOTATION: config_hash(spec),
+                CONFIG_HASH_ANNOTATION: d.config_hash,
                 RESTART_ANNOTATION: spec.restart or "",
                 **({FINGERPRINT_ANNOTATION: layout.fingerprint} if spec.hicache.disk.enabled else {}),
             },
@@ -269,9 +254,9 @@ def _claim_templates(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.Laun
     return [{"metadata": {"name": CACHE_VOLUME, "labels": labels(meta["name"])}, "spec": claim_spec}]
 
 
-def get_statefulset(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing,
-                    layout: CacheLayout) -> Obj:
+def get_statefulset(meta: Obj, d: Derived) -> Obj:
     """One pod per replica with its own cache volume; `OnDelete` because the operator owns restarts."""
+    spec = d.spec
     retention = spec.hicache.disk.retention
     sts_spec: Obj = {
         "replicas": spec.replicas,
@@ -280,9 +265,9 @@ def get_statefulset(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.Launc
         "podManagementPolicy": "Parallel",
         "updateStrategy": {"type": "OnDelete"},
         "persistentVolumeClaimRetentionPolicy": {"whenDeleted": retention, "whenScaled": "Retain"},
-        "template": get_pod_template(meta, spec, sizing, layout),
+        "template": get_pod_template(meta, d),
     }
-    claims = _claim_templates(meta, spec, sizing)
+    claims = _claim_templates(meta, spec, d.launch)
     if claims:
         sts_spec["volumeClaimTemplates"] = claims
     return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _metadata(meta, meta["name"]),
@@ -307,13 +292,13 @@ def get_pdb(meta: Obj, spec: QwenHiCacheServerSpec) -> Obj:
     }
 
 
-def render_all(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing,
-               layout: CacheLayout) -> list[Obj]:
+def render_all(meta: Obj, d: Derived) -> list[Obj]:
     """Every object the operator applies for one resource, in apply order, each stamped with its hash."""
+    spec = d.spec
     objects = [
         get_headless_service(meta, spec),
         get_client_service(meta, spec),
-        get_statefulset(meta, spec, sizing, layout),
+        get_statefulset(meta, d),
         get_pdb(meta, spec),
     ]
     if spec.router.active(spec.replicas):  # the router's worker manifest is applied by router.py (rollout-aware)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from . import units
 from .constants import COMPONENT_LABEL, INSTANCE_LABEL, NAME_LABEL, standard_labels
 from .spec import QwenHiCacheServerSpec
 
@@ -150,7 +151,7 @@ def _router_container(spec: QwenHiCacheServerSpec) -> Obj:
 
 def _double(cpu: str) -> str:
     """Twice `cpu`, written as the API server stores it (whole cores without a suffix)."""
-    milli = int(float(cpu[:-1]) * 2) if cpu.endswith("m") else int(float(cpu) * 2000)
+    milli = int(units.quantity(cpu) * 2000)
     return str(milli // 1000) if milli % 1000 == 0 else f"{milli}m"
 
 

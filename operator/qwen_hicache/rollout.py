@@ -39,9 +39,14 @@ def config_hash(spec: QwenHiCacheServerSpec) -> str:
     return hashlib.sha256(json.dumps(wire, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def target(config_hash: str, restart: str | None) -> str:
+    """What every pod should run: `<config hash>/<restart id>` (a pod's annotations spell the same)."""
+    return f"{config_hash}/{restart or ''}"
+
+
 def target_of(spec: QwenHiCacheServerSpec) -> str:
-    """What every pod should run: `<config hash>/<restart id>`."""
-    return f"{config_hash(spec)}/{spec.restart or ''}"
+    """The target of a spec (derive.Derived has it for a planned one)."""
+    return target(config_hash(spec), spec.restart)
 
 
 def canary_prompt(name: str) -> str:

@@ -19,11 +19,11 @@ sizes, host sizes, dtypes and speculative settings and requires the numbers here
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from . import units
 from .disk_files import DiskFiles, disk_files
 from .geometry import Geometry, GeometryError, profile_fields_merged, resolve_geometry
 from .launch import LaunchSizing
@@ -456,30 +456,12 @@ def memory_terms(tp: int, host: HostPools, g: Geometry, shm: int) -> list[Term]:
     return terms
 
 
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
-_SUFFIX = {
-    None: 1,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-    "Ki": 1 << 10,
-    "Mi": 1 << 20,
-    "Gi": 1 << 30,
-    "Ti": 1 << 40,
-    "Pi": 1 << 50,
-    "Ei": 1 << 60,
-}
-
-
-def parse_quantity(value: str, what: str) -> int:
-    """A Kubernetes memory/storage quantity in bytes (rounded up)."""
-    m = _QUANTITY.match(value.strip())
-    if not m:
-        raise SizingError(f"{what} {value!r} is not a quantity like 600Gi or 500G")
-    return math.ceil(Fraction(m.group(1)) * _SUFFIX[m.group(2)])
+def to_bytes(value: str, what: str) -> int:
+    """A quantity in bytes (kubernetes' parser, rounded up), or a SizingError naming the field."""
+    try:
+        return units.to_bytes(value)
+    except ValueError:
+        raise SizingError(f"{what} {value!r} is not a quantity like 600Gi or 500G") from None
 
 
 def _round_up(value: int, unit: int) -> int:
@@ -506,8 +488,8 @@ def size_disk(spec: QwenHiCacheServerSpec, min_cap: int) -> Disk:
     if not d.enabled:
         return Disk(None, None)
     usable = 1 - DISK_HEADROOM_FRACTION
-    volume = parse_quantity(d.size, "hicache.disk.size") if d.size else None
-    cap = parse_quantity(d.cap_per_rank, "hicache.disk.capPerRank") if d.cap_per_rank else None
+    volume = to_bytes(d.size, "hicache.disk.size") if d.size else None
+    cap = to_bytes(d.cap_per_rank, "hicache.disk.capPerRank") if d.cap_per_rank else None
     if volume is None and cap is None:
         raise SizingError("disk tier is enabled but has no size: set hicache.disk.size or capPerRank")
     if volume is None:
@@ -587,8 +569,8 @@ class Sizing:
             host_bytes_per_rank=self.host.total_bytes,
         )
 
-    def as_status(self) -> dict[str, Any]:
-        """`status.sizing`: camelCase, every derived number, the terms and the problems."""
+    def as_status(self, fit: tuple[str, ...] = ()) -> dict[str, Any]:
+        """`status.sizing`: camelCase, every derived number, the terms and the problems (with the node fit's)."""
         s, dev, host = self.shapes, self.device, self.host
         out: dict[str, Any] = {
             "tensorParallelSize": self.tensor_parallel_size,
@@ -629,7 +611,7 @@ class Sizing:
             **(self.disk_files.as_status() if self.disk_files else {}),
             "memoryTerms": [asdict(t) for t in self.terms],
             "notes": list(self.notes),
-            "problems": list(self.problems),
+            "problems": [*self.problems, *fit],
         }
         return out
 
@@ -720,12 +702,15 @@ def _notes(dev: DevicePools, host: HostPools) -> list[str]:
     return notes
 
 
-def compute_sizing(spec: QwenHiCacheServerSpec) -> Sizing:
-    """All sizing for one spec; raises SizingError for input that cannot be sized at all."""
-    try:
-        g = resolve_geometry(spec.model)
-    except GeometryError as err:
-        raise SizingError(str(err)) from err
+def compute_sizing(spec: QwenHiCacheServerSpec, g: Geometry | None = None) -> Sizing:
+    """All sizing for one spec and its resolved geometry (resolved here when not given); raises SizingError for
+    input that cannot be sized at all. The node fit is `check_fit`'s (derive runs it once, against the smallest
+    known node)."""
+    if g is None:
+        try:
+            g = resolve_geometry(spec.model)
+        except GeometryError as err:
+            raise SizingError(str(err)) from err
     rt = spec.runtime
     tp, page = rt.tensor_parallel_size, rt.page_size
     ssm_dtype = rt.mamba_ssm_dtype or g.mamba_ssm_dtype or "float32"
@@ -744,8 +729,7 @@ def compute_sizing(spec: QwenHiCacheServerSpec) -> Sizing:
         pools = {"kv": page * shapes.kv_bytes_per_token, "indexer": shapes.index_bytes_per_page,
                  "mamba": shapes.mamba_bytes_per_slot}  # fmt: skip
         files = disk_files(disk.cap_bytes_per_rank, pools)
-    node = getattr(rt, "node_memory", None)
-    sizing = Sizing(
+    return Sizing(
         tp,
         page,
         spec.replicas,
@@ -759,8 +743,6 @@ def compute_sizing(spec: QwenHiCacheServerSpec) -> Sizing:
         disk,
         rt.context_length,
         files,
+        problems=list(disk.problems),
         notes=[*_input_notes(spec, g), *_notes(dev, host), *([files.warning] if files and files.warning else [])],
     )
-    node_bytes = parse_quantity(node, "runtime.nodeMemory") if node else None
-    sizing.problems.extend([*disk.problems, *check_fit(sizing, node_bytes)])
-    return sizing

@@ -1,0 +1,95 @@
+"""Everything the operator derives from one valid spec, computed once per plan (cert-manager's `policies.Input`).
+
+`plan()` builds one `Derived` and everything below reads it: the policy checks, the renderers, the status and
+the rollout. Each fact is computed here and nowhere else: the resolved geometry, the sizing with its fit
+against the smallest known node, the cache layout (fingerprint, its inputs, the stop budget), the runtime's
+arguments, the config hash and rollout target, and the rollout's rules. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import fingerprint, launch, podlifecycle, rollout
+from .geometry import Geometry
+from .sizing import Sizing, check_fit, compute_sizing, to_bytes
+from .spec import QwenHiCacheServerSpec, flag_name
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """How a pod uses its cache volume: the namespace (fingerprint and its inputs) and the stop budget."""
+
+    fingerprint: str
+    inputs: dict[str, object]
+    drain: podlifecycle.DrainPlan
+
+
+@dataclass(frozen=True)
+class Derived:
+    """One spec's derived facts; see the module docstring."""
+
+    spec: QwenHiCacheServerSpec
+    geometry: Geometry
+    sizing: Sizing
+    fit: tuple[str, ...]
+    """Why the pod cannot fit the smallest known node's allocatable memory (empty when it fits or is unknown)."""
+    launch: launch.LaunchSizing
+    layout: CacheLayout
+    managed_args: tuple[str, ...]
+    """The runtime's arguments the operator derives (everything but `runtime.extraArgs`)."""
+    config_hash: str
+    target: str
+    policy: rollout.Policy
+
+    @property
+    def args(self) -> list[str]:
+        """The runtime's full argument list (after the entrypoint), extra args last."""
+        return [*self.managed_args, *self.spec.runtime.extra_args]
+
+    @property
+    def managed_flags(self) -> frozenset[str]:
+        """Flags the operator sets itself, plus those it always owns (extraArgs may not repeat them)."""
+        return frozenset(f for f in map(flag_name, self.managed_args) if f) | launch.ALWAYS_MANAGED
+
+    @property
+    def problems(self) -> list[str]:
+        """Sizing refusals: the disk's and the node fit's."""
+        return [*self.sizing.problems, *self.fit]
+
+
+def smallest_node(spec: QwenHiCacheServerSpec, observed_bytes: int | None) -> int | None:
+    """The node memory to fit: the smaller of the spec's `runtime.nodeMemory` hint and the nodes the operator
+    could read (None when neither is known)."""
+    hint = to_bytes(spec.runtime.node_memory, "runtime.nodeMemory") if spec.runtime.node_memory else None
+    known = [b for b in (hint, observed_bytes) if b is not None]
+    return min(known) if known else None
+
+
+def derive(spec: QwenHiCacheServerSpec, geometry: Geometry, node_bytes: int | None = None) -> Derived:
+    """Every derived fact of a spec whose geometry resolved. Raises SizingError (or an ArithmeticError for
+    absurd numbers) when it cannot be sized; the caller turns that into a condition."""
+    sized = compute_sizing(spec, geometry)
+    sizing = sized.launch_sizing()
+    rate = to_bytes(spec.hicache.disk.write_bytes_per_second, "hicache.disk.writeBytesPerSecond")
+    inputs = fingerprint.fingerprint_inputs(spec, geometry)
+    layout = CacheLayout(fingerprint.fingerprint_of(inputs), inputs,
+                         podlifecycle.drain_plan(spec, sizing.host_bytes_per_rank, rate))
+    config_hash = rollout.config_hash(spec)
+    disk = spec.hicache.disk.enabled
+    ro = spec.rollout
+    # Without a disk tier nothing can come back warm, so none is required (the check still runs and records).
+    policy = rollout.Policy(ro.max_unavailable, ro.pod_timeout_seconds, ro.require_warm_start and disk,
+                            layout.fingerprint if disk else "")
+    return Derived(
+        spec=spec,
+        geometry=geometry,
+        sizing=sized,
+        fit=tuple(check_fit(sized, smallest_node(spec, node_bytes))),
+        launch=sizing,
+        layout=layout,
+        managed_args=tuple(launch.managed_args(spec, sizing)),
+        config_hash=config_hash,
+        target=rollout.target(config_hash, spec.restart),
+        policy=policy,
+    )
