@@ -6,6 +6,7 @@ from qwen_hicache.claim_history import annotations_for, previous_on_claims
 from qwen_hicache.constants import FINGERPRINT_ANNOTATION as FP
 from qwen_hicache.constants import PREVIOUS_FINGERPRINTS_ANNOTATION as PREV
 from qwen_hicache.status import cache_history
+from qwen_hicache.status_model import Cache
 
 
 def test_a_new_fingerprint_moves_the_old_one_into_the_history_bounded_by_keep() -> None:
@@ -25,7 +26,7 @@ def test_a_recreated_resource_reports_what_its_claims_hold() -> None:
     claims = [{"metadata": {"annotations": {FP: "v1-b", PREV: "v1-a"}}},
               {"metadata": {"annotations": {FP: "v1-c", PREV: "v1-b,v1-a"}}}, {"metadata": {}}]  # fmt: skip
     assert previous_on_claims(claims, "v1-c") == ("v1-b", "v1-a")
-    cache = {"fingerprint": "v1-c", "directory": "/cache/v1-c"}
-    assert cache_history(cache, None, 3, ("v1-b", "v1-a"))["previousFingerprints"] == ["v1-b", "v1-a"]
-    old = {"fingerprint": "v1-b", "previousFingerprints": []}
-    assert cache_history(cache, old, 1, ("v1-a",))["previousFingerprints"] == ["v1-b"]
+    cache = Cache(fingerprint="v1-c", directory="/cache/v1-c")
+    assert cache_history(cache, None, 3, ("v1-b", "v1-a")).previous_fingerprints == ["v1-b", "v1-a"]
+    old = Cache(fingerprint="v1-b", previous_fingerprints=[])
+    assert cache_history(cache, old, 1, ("v1-a",)).previous_fingerprints == ["v1-b"]

@@ -10,7 +10,6 @@ def test_one_file_per_pool_per_stored_page_with_the_header() -> None:
     out = disk_files(10_000_000, page)
     assert out.pages == 5 and out.files_by_pool == {"kv": 5, "mamba": 5} and out.files == 10
     assert out.warning is None
-    assert out.as_status() == {"pagesPerRank": 5, "filesPerRank": 10, "filesPerRankByPool": {"kv": 5, "mamba": 5}}
 
 
 def test_warns_well_below_the_reported_limit() -> None:

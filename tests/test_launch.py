@@ -40,9 +40,9 @@ def test_ratio_when_no_host_size_and_sized_mamba_slots_always_passed() -> None:
     doc = variant(**{"spec.hicache.hostMemoryPerRankGB": None, "spec.hicache.hostRatio": 3.0,
                      "spec.runtime.maxMambaCacheSize": None})
     p = plan(offline_meta(doc), doc["spec"])
-    args = p.launch["args"]
+    args = p.launch.args
     assert args[args.index("--hicache-ratio") + 1] == "3.0" and "--hicache-size" not in args
-    assert args[args.index("--max-mamba-cache-size") + 1] == str(p.sizing["deviceMambaSlotsPerRank"])
+    assert args[args.index("--max-mamba-cache-size") + 1] == str(p.sizing.wire()["deviceMambaSlotsPerRank"])
 
 
 def test_no_disk_tier_no_storage_flags_or_env() -> None:

@@ -25,7 +25,7 @@ def test_a_crash_looping_runtime_is_degraded_with_its_last_log_lines() -> None:
     assert problems == (PodProblem(CRASH_LOOPING, message),)
     doc = example()
     status = build_status(plan(offline_meta(doc), doc["spec"]), Observed(sts={"status": {}}, pod_problems=problems),
-                          None, 1, "2026-01-01T00:00:00Z")
+                          None, 1, "2026-01-01T00:00:00Z").wire()
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert degraded["status"] == "True" and degraded["reason"] == "CrashLooping"
     assert "expected one argument" in degraded["message"]

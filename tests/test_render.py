@@ -62,13 +62,13 @@ def test_statefulset_requests_gpus_memory_and_the_disk_tier() -> None:
     assert sts["spec"]["updateStrategy"] == {"type": "OnDelete"}
     assert sts["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
-    assert container["resources"]["limits"]["memory"] == str(p.sizing["podMemoryLimitBytes"])
+    assert container["resources"]["limits"]["memory"] == str(p.sizing.wire()["podMemoryLimitBytes"])
     shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
-    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": str(p.sizing["shmBytes"])}
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": str(p.sizing.wire()["shmBytes"])}
     claim = sts["spec"]["volumeClaimTemplates"][0]
-    assert claim["spec"]["resources"]["requests"]["storage"] == str(p.sizing["diskVolumeBytes"])
+    assert claim["spec"]["resources"]["requests"]["storage"] == str(p.sizing.wire()["diskVolumeBytes"])
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
-    assert env["SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"] == str(p.sizing["diskCapBytesPerRank"])
+    assert env["SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"] == str(p.sizing.wire()["diskCapBytesPerRank"])
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     fp = env["QWEN_HICACHE_FINGERPRINT"]
     assert env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] == f"{mounts['hicache']['mountPath']}/{fp}"

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from qwen_hicache import render_router, router
+from qwen_hicache.status_model import Restart, Router
 
 from harness.sim.routerlab import lab_spec
 
@@ -34,14 +35,19 @@ class FakeKube:
         return [w["id"] for w in json.loads(cm["data"][render_router.MANIFEST_KEY])["workers"]]
 
 
+def _rs(*in_flight: tuple[str, str], done: tuple[str, ...] = ()) -> Restart:
+    """A rolling restart with these (pod, step) in flight."""
+    return Restart.model_validate({"id": "h/1", "phase": "Rolling", "done": list(done),
+                                   "inFlight": [{"pod": pod, "step": step} for pod, step in in_flight]})
+
+
 def _router_pod(ip: str) -> dict[str, Any]:
     return {"metadata": {"name": "chat-router-abc"},
             "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}}
 
 
 def test_drained_pods_are_those_past_their_canary() -> None:
-    rs = {"inFlight": [{"pod": "chat-0", "step": "Canary"}, {"pod": "chat-1", "step": "Delete"},
-                       {"pod": "chat-2", "step": "WaitingReady"}, {"pod": "chat-3", "step": "Verify"}]}
+    rs = _rs(("chat-0", "Canary"), ("chat-1", "Delete"), ("chat-2", "WaitingReady"), ("chat-3", "Verify"))
     assert router.drained_pods(rs) == {"chat-1", "chat-2", "chat-3"}
     assert router.drained_pods(None) == frozenset()
 
@@ -51,7 +57,7 @@ def test_before_delete_writes_the_manifest_without_the_pod_and_waits_for_every_r
     kube = FakeKube([_router_pod("10.0.0.9")])
     answers = {"chat-0": "ready", "chat-1": "ready", "chat-2": "ready"}
     monkeypatch.setattr(router, "router_workers", lambda ip, port: dict(answers))
-    rs = {"inFlight": [{"pod": "chat-2", "step": "Delete"}]}
+    rs = _rs(("chat-2", "Delete"))
     assert not router.ready_to_delete(kube, META, spec, rs, "chat-2")  # the router has not re-read the file yet
     assert kube.listed() == ["chat-0", "chat-1"]
     answers["chat-2"] = "draining"
@@ -63,21 +69,21 @@ def test_before_delete_writes_the_manifest_without_the_pod_and_waits_for_every_r
 def test_a_router_that_does_not_answer_blocks_the_delete(monkeypatch) -> None:
     kube = FakeKube([_router_pod("10.0.0.9")])
     monkeypatch.setattr(router, "router_workers", lambda ip, port: None)
-    assert not router.ready_to_delete(kube, META, lab_spec(2), {"inFlight": []}, "chat-1")
+    assert not router.ready_to_delete(kube, META, lab_spec(2), _rs(), "chat-1")
 
 
 @pytest.mark.parametrize("enabled", [False, None])
 def test_no_router_no_wait(enabled: bool | None) -> None:
     spec = lab_spec(1).model_copy(update={"router": lab_spec(1).router.model_copy(update={"enabled": enabled})})
     kube = FakeKube()
-    assert router.ready_to_delete(kube, META, spec, {}, "chat-0")
-    assert router.sync(kube, META, spec, {}) is None and not kube.objects
+    assert router.ready_to_delete(kube, META, spec, _rs(), "chat-0")
+    assert router.sync(kube, META, spec, None) is None and not kube.objects
 
 
 def test_after_warm_check_the_pod_is_listed_again_and_status_says_so(monkeypatch) -> None:
     kube = FakeKube([_router_pod("10.0.0.9")])
     monkeypatch.setattr(router, "router_workers", lambda ip, port: {"chat-0": "ready", "chat-1": "ready"})
-    status = router.sync(kube, META, lab_spec(2), {"inFlight": [], "done": ["chat-1"]})
+    status = router.sync(kube, META, lab_spec(2), _rs(done=("chat-1",))).wire()
     assert kube.listed() == ["chat-0", "chat-1"]
     assert status["policy"] == "prefix_hash" and status["drained"] == [] and status["readyRouters"] == 1
     assert status["workers"][1] == {"pod": "chat-1", "routers": {"chat-router-abc": "ready"}}
@@ -94,6 +100,6 @@ def test_router_is_on_by_default_only_with_several_replicas() -> None:
 def test_a_router_no_longer_wanted_is_scaled_to_zero_once() -> None:
     spec = lab_spec(1).model_copy(update={"router": lab_spec(1).router.model_copy(update={"enabled": False})})
     kube = FakeKube()
-    assert router.sync(kube, META, spec, {}, previous=None) is None and not kube.objects
-    assert router.sync(kube, META, spec, {}, previous={"policy": "prefix_hash"}) is None
+    assert router.sync(kube, META, spec, None, previous=None) is None and not kube.objects
+    assert router.sync(kube, META, spec, None, previous=Router(policy="prefix_hash")) is None
     assert kube.objects[("Deployment", "chat-router")]["spec"]["replicas"] == 0

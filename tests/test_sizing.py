@@ -184,7 +184,8 @@ def test_fractional_host_size_is_floored_to_the_runtime_int():
 
 def test_status_and_table_carry_every_number_and_term():
     s = sized(example())
-    status = s.as_status()
+    model = s.as_status()
+    status = model.wire()
     for key in (
         "hostKVTokensPerRank",
         "hostMambaSlotsPerRank",
@@ -200,7 +201,7 @@ def test_status_and_table_carry_every_number_and_term():
         assert key in status, key
     assert status["hostKVTokensPerRank"] == s.host.kv_tokens
     json.dumps(status)
-    table = render_table(status, title="flash-next")
+    table = render_table(model, title="flash-next")
     assert f"{s.host.kv_tokens:,}" in table and f"{s.host.mamba_slots:,}" in table
     for term in status["memoryTerms"]:
         assert term["name"] in table and term["why"] in table
@@ -362,7 +363,7 @@ def test_explicit_host_mamba_slots_take_the_whole_size_for_kv() -> None:
 
 def test_status_reports_the_page_files_per_rank_by_pool():
     s = sized(example())
-    status = s.as_status()
+    status = s.as_status().wire()
     pages = status["pagesPerRank"]
     assert status["filesPerRankByPool"] == {"kv": pages, "indexer": pages, "mamba": pages}
     assert status["filesPerRank"] == 3 * pages and pages * s.shapes.mamba_bytes_per_slot <= s.disk.cap_bytes_per_rank

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from qwen_hicache.cli import offline_meta
-from qwen_hicache.conditions import Condition, merge, transitions
+from qwen_hicache.conditions import condition, merge, transitions
+from qwen_hicache.diskusage import DiskUsage
 from qwen_hicache.plan import plan
 from qwen_hicache.status import Observed, build_status, cache_history
+from qwen_hicache.status_model import Cache, Restart, read_status
 from resources import example, variant
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
 
 def _status(doc: dict, ready: int = 0, old: dict | None = None, now: str = T0, restart: dict | None = None) -> dict:
-    obs = Observed(sts={"status": {"readyReplicas": ready}}, restart=restart)
-    return build_status(plan(offline_meta(doc), doc["spec"]), obs, old, 3, now)
+    typed = Restart.model_validate(restart) if restart else None
+    obs = Observed(sts={"status": {"readyReplicas": ready}}, restart=typed)
+    return build_status(plan(offline_meta(doc), doc["spec"]), obs, read_status(old), 3, now).wire()
 
 
 def _cond(status: dict, ctype: str) -> dict:
@@ -55,9 +58,9 @@ def test_write_back_warns_through_cache_persistent() -> None:
 
 
 def test_transitions_report_only_changes() -> None:
-    old = merge([Condition("Ready", "False", "A", "m")], None, 1, T0)
-    assert transitions([Condition("Ready", "False", "A", "m")], old) == []
-    assert [c.reason for c in transitions([Condition("Ready", "True", "B", "m")], old)] == ["B"]
+    old = merge([condition("Ready", "False", "A", "m")], None, 1, T0)
+    assert transitions([condition("Ready", "False", "A", "m")], old) == []
+    assert [c.reason for c in transitions([condition("Ready", "True", "B", "m")], old)] == ["B"]
 
 
 def test_paused_rollout_degrades_and_cold_start_clears_cache_warm() -> None:
@@ -82,30 +85,31 @@ def test_cache_status_remembers_previous_fingerprints_up_to_the_keep_count() -> 
     s = _status(example())
     fp = s["cache"]["fingerprint"]
     assert s["cache"]["directory"].endswith(fp)
-    old = {"fingerprint": "v1-old", "previousFingerprints": ["v1-older"]}
-    assert cache_history(s["cache"], old, keep=1)["previousFingerprints"] == ["v1-old"]
-    assert "previousFingerprints" not in cache_history(s["cache"], old, keep=0)
+    new, old = Cache.model_validate(s["cache"]), Cache(fingerprint="v1-old", previous_fingerprints=["v1-older"])
+    assert cache_history(new, old, keep=1).previous_fingerprints == ["v1-old"]
+    assert "previousFingerprints" not in cache_history(new, old, keep=0).wire()
 
 
 def test_replica_cache_reports_disk_use_namespace_age_and_restored_tokens() -> None:
     from qwen_hicache.status import replica_cache
 
     now = "2026-01-03T00:00:00Z"
-    usage = (("qwen-0", {"diskUsedBytes": 600, "diskCapBytes": 1000, "diskUsedRatio": 0.6, "diskPageFiles": 3,
-                         "namespaceCreatedAt": 1767225600, "fingerprint": "fp"}),  # 2026-01-01T00:00:00Z
+    usage = (("qwen-0", DiskUsage(used_bytes=600, cap_bytes=1000, used_ratio=0.6, page_files=3,
+                                  namespace_created_at=1767225600, fingerprint="fp")),  # 2026-01-01T00:00:00Z
              ("qwen-1", None), ("qwen-2", None))
-    old = {"replicaCache": [{"pod": "qwen-1", "diskUsedBytes": 900, "diskCapBytes": 1000, "diskUsedRatio": 0.9}]}
-    restart = {"results": [{"pod": "qwen-1", "warm": True, "storageTokens": 4032},
-                           {"pod": "qwen-0", "warm": False, "storageTokens": 0}]}
-    out = replica_cache(usage, restart, old, now)
-    assert out["replicaCache"] == [
+    old = read_status({"replicaCache": [{"pod": "qwen-1", "diskUsedBytes": 900, "diskCapBytes": 1000,
+                                         "diskUsedRatio": 0.9}]})
+    restart = Restart.model_validate({"id": "h/1", "phase": "Complete", "results": [
+        {"pod": "qwen-1", "warm": True, "storageTokens": 4032}, {"pod": "qwen-0", "warm": False, "storageTokens": 0}]})
+    entries, summary = replica_cache(usage, restart, old, now)
+    assert [e.wire() for e in entries] == [
         {"pod": "qwen-0", "diskUsedBytes": 600, "diskCapBytes": 1000, "diskUsedRatio": 0.6, "diskPageFiles": 3,
          "namespaceCreated": "2026-01-01T00:00:00Z", "namespaceAge": "2d", "lastRestoredTokens": 0},
         {"pod": "qwen-1", "diskUsedBytes": 900, "diskCapBytes": 1000, "diskUsedRatio": 0.9, "lastRestoredTokens": 4032},
     ]  # qwen-2 never answered: left out; qwen-1 keeps its last numbers
-    assert out["cacheSummary"] == "disk 90% | 1/2 warm | ns 2d"
-    assert len(out["cacheSummary"]) < 30  # one printer column
-    assert replica_cache((("qwen-0", None),), None, {}, now) == {}
+    assert summary == "disk 90% | 1/2 warm | ns 2d"
+    assert len(summary) < 30  # one printer column
+    assert replica_cache((("qwen-0", None),), None, read_status({}), now) == (None, None)
 
 
 def test_refused_change_reports_what_runs_and_keeps_the_rollout() -> None:
@@ -114,8 +118,9 @@ def test_refused_change_reports_what_runs_and_keeps_the_rollout() -> None:
                "started": T0}
     applied["restart"] = rollout
     refused = variant(**{"spec.runtime.tensorParallelSize": 0})
-    obs = Observed(sts={"spec": {"replicas": 2}, "status": {"readyReplicas": 2}}, restart=rollout)
-    s = build_status(plan(offline_meta(refused), refused["spec"]), obs, applied, 4, T1)
+    obs = Observed(sts={"spec": {"replicas": 2}, "status": {"readyReplicas": 2}},
+                   restart=Restart.model_validate(rollout))
+    s = build_status(plan(offline_meta(refused), refused["spec"]), obs, read_status(applied), 4, T1).wire()
     for key in ("launch", "sizing", "cache"):
         assert s[key] == applied[key], key  # the running pods' configuration, not the refused one's
     assert s["restart"] == rollout and s["replicasSummary"] == "2/2"
@@ -127,5 +132,5 @@ def test_refused_change_reports_what_runs_and_keeps_the_rollout() -> None:
 
 def test_refused_new_resource_describes_nothing() -> None:
     refused = variant(**{"spec.hicache.hostMemoryPerRank": "100000Ti"})
-    s = build_status(plan(offline_meta(refused), refused["spec"]), Observed(), None, 1, T0)
+    s = build_status(plan(offline_meta(refused), refused["spec"]), Observed(), None, 1, T0).wire()
     assert not {"launch", "sizing", "cache"} & set(s) and _cond(s, "Ready")["status"] == "False"

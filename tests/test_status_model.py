@@ -13,7 +13,7 @@ from qwen_hicache.plan import plan
 from qwen_hicache.reconciler import _merge_diff, _status_delta
 from qwen_hicache.rollout import PodView, Policy, baseline_read, canary_sent, deleted, plan_rollout, target_of, verified
 from qwen_hicache.status import POD_FAILING, Observed, PodProblem, build_status
-from qwen_hicache.status_model import validate_status
+from qwen_hicache.status_model import Restart, read_status, validate_status
 from resources import example, variant
 from test_router import META, FakeKube, _router_pod
 
@@ -36,9 +36,9 @@ def _pods(target: str, gen: int = 0) -> list[PodView]:
     return [PodView(f"flash-next-{i}", i, f"uid-{i}-{gen}", True, f"10.0.0.{i}", target, "fp") for i in range(2)]
 
 
-def _rollouts(target: str) -> list[dict]:
+def _rollouts(target: str) -> list[Restart]:
     """Restart states of a real rollout, step by step: rolling, paused cold, complete."""
-    rs, _ = plan_rollout({"id": "old", "phase": "Complete"}, _pods("old"), target, 2, POLICY, T[0])
+    rs, _ = plan_rollout(Restart(id="old", phase="Complete"), _pods("old"), target, 2, POLICY, T[0])
     rolling = canary_sent(rs, "flash-next-1", 4096, "a canary error")
     rs = deleted(rolling, "flash-next-1", T[1])
     rs, _ = plan_rollout(rs, _pods("old")[:1] + _pods(target, 1)[1:], target, 2, POLICY, T[3])
@@ -52,11 +52,11 @@ def _rollouts(target: str) -> list[dict]:
     done = deleted(done, "flash-next-0", T[6])
     done, _ = plan_rollout(done, _pods(target, 1), target, 2, POLICY, T[8])
     done = verified(done, "flash-next-0", 4032, None, POLICY, T[9])
-    assert cold["phase"] == "Paused" and done["phase"] == "Complete" and waiting["inFlight"][0]["lastError"]
+    assert cold.phase == "Paused" and done.phase == "Complete" and waiting.in_flight[0].last_error
     return [rolling, waiting, cold, done]
 
 
-def _router_status(monkeypatch: pytest.MonkeyPatch, restart: dict) -> dict:
+def _router_status(monkeypatch: pytest.MonkeyPatch, restart: Restart) -> object:
     monkeypatch.setattr(router, "router_workers", lambda ip, port: {"chat-0": "ready", "chat-1": "draining"})
     return router.sync(FakeKube([_router_pod("10.0.0.9")]), META, lab_spec(2), restart)
 
@@ -70,15 +70,15 @@ def _statuses(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     out = []
     for doc in docs:
         p = plan(offline_meta(doc), doc["spec"])
-        out.append(build_status(p, Observed(), None, 1, T[0]))
+        out.append(build_status(p, Observed(), None, 1, T[0]).wire())
         if p.spec is None:
             continue
         for restart in _rollouts(target_of(p.spec)):
             obs = Observed(sts={"status": {"readyReplicas": 1}}, restart=restart, admin_secret="flash-next-admin",
                            router=_router_status(monkeypatch, restart), disk_usage=usage,
                            pod_problems=(PodProblem(POD_FAILING, GUARD_FAILED),))
-            first = build_status(p, obs, out[-1], 2, T[10])
-            out += [first, build_status(p, replace_usage(obs), first, 2, T[11])]
+            first = build_status(p, obs, read_status(out[-1]), 2, T[10]).wire()
+            out += [first, build_status(p, replace_usage(obs), read_status(first), 2, T[11]).wire()]
     return out
 
 
@@ -108,7 +108,7 @@ def test_every_status_the_operator_writes_validates_against_the_model(monkeypatc
 
 def test_a_typod_or_mistyped_key_is_refused() -> None:
     doc = example()
-    status = build_status(plan(offline_meta(doc), doc["spec"]), Observed(), None, 1, T[0])
+    status = build_status(plan(offline_meta(doc), doc["spec"]), Observed(), None, 1, T[0]).wire()
     for path in (("sizing", "hostKVTokenPerRank"), ("cache", "fingerprnt"), ("launchh",)):
         bad = copy.deepcopy(status)
         node = bad
@@ -126,7 +126,7 @@ def test_every_sizing_key_is_in_the_model() -> None:
     from qwen_hicache.status_model import Sizing
 
     for doc in (example(), variant(**{"spec.runtime.tensorParallelSize": 1})):
-        sizing = plan(offline_meta(doc), doc["spec"]).sizing
+        sizing = plan(offline_meta(doc), doc["spec"]).sizing.explicit()
         wire_names = {f.alias for f in Sizing.model_fields.values()}
         assert set(sizing) <= wire_names, set(sizing) - wire_names
 

@@ -68,10 +68,10 @@ def cmd_size(args: argparse.Namespace) -> int:
     for doc in load_resources(args.file):
         p = _plan_or_exit(doc)
         failed |= p.blocked
-        if not p.sizing:
+        if p.sizing is None:
             continue
         if args.output == "json":
-            print(json.dumps(p.sizing, indent=2))
+            print(json.dumps(p.sizing.explicit(), indent=2))
         else:
             print(render_table(p.sizing, title=doc["metadata"]["name"]))
     return 2 if failed else 0

@@ -31,9 +31,6 @@ class DiskFiles:
     def files(self) -> int:
         return sum(self.files_by_pool.values())
 
-    def as_status(self) -> dict[str, object]:
-        return {"pagesPerRank": self.pages, "filesPerRank": self.files, "filesPerRankByPool": self.files_by_pool}
-
 
 def disk_files(cap_bytes_per_rank: int, page_bytes_by_pool: dict[str, int]) -> DiskFiles:
     """Files a full cap holds: every stored page writes one file per pool (pools with 0 bytes write none)."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 import urllib.error
 import urllib.request
-from typing import Any
+from dataclasses import dataclass
 
 PORT = 9400
 PORT_NAME = "cache-usage"
@@ -138,8 +138,22 @@ http.server.ThreadingHTTPServer(addr, H).serve_forever()
 _SAMPLE = re.compile(r'^(qwen_hicache_[a-z_]+)(?:\{([^}]*)\})? ([0-9.eE+-]+)$', re.M)
 
 
-def parse(text: str) -> dict[str, Any]:
-    """The exporter's text as one replica's `status.replicaCache` entry (bytes and files summed over ranks)."""
+@dataclass(frozen=True)
+class DiskUsage:
+    """One replica's disk tier as its sidecar reports it (bytes and files summed over the TP ranks)."""
+
+    used_bytes: int
+    page_files: int
+    cap_bytes: int | None = None
+    used_ratio: float | None = None
+    namespace_created_at: int | None = None
+    """Unix time the current namespace was first used."""
+    old_namespaces_bytes: int | None = None
+    fingerprint: str | None = None
+
+
+def parse(text: str) -> DiskUsage:
+    """The exporter's text as one replica's numbers."""
     values: dict[str, float] = {}
     per_rank: dict[str, dict[str, float]] = {}
     fingerprint = None
@@ -151,24 +165,23 @@ def parse(text: str) -> dict[str, Any]:
             values[name] = float(value)
         if name == "qwen_hicache_cache_namespace_info":
             fingerprint = (re.search(r'fingerprint="([^"]*)"', labels) or [None, None])[1]
-    out: dict[str, Any] = {
-        "diskUsedBytes": int(sum(per_rank.get("qwen_hicache_disk_used_bytes", {}).values())),
-        "diskPageFiles": int(sum(per_rank.get("qwen_hicache_disk_page_files", {}).values())),
-    }
+    used = int(sum(per_rank.get("qwen_hicache_disk_used_bytes", {}).values()))
     caps = per_rank.get("qwen_hicache_disk_cap_bytes", {})
-    if caps:
-        out["diskCapBytes"] = int(sum(caps.values()))
-        out["diskUsedRatio"] = round(out["diskUsedBytes"] / out["diskCapBytes"], 4) if out["diskCapBytes"] else 0.0
-    if "qwen_hicache_cache_namespace_created_timestamp_seconds" in values:
-        out["namespaceCreatedAt"] = int(values["qwen_hicache_cache_namespace_created_timestamp_seconds"])
-    if "qwen_hicache_disk_old_namespaces_bytes" in values:
-        out["oldNamespacesBytes"] = int(values["qwen_hicache_disk_old_namespaces_bytes"])
-    if fingerprint:
-        out["fingerprint"] = fingerprint
-    return out
+    cap = int(sum(caps.values())) if caps else None
+    created = values.get("qwen_hicache_cache_namespace_created_timestamp_seconds")
+    old = values.get("qwen_hicache_disk_old_namespaces_bytes")
+    return DiskUsage(
+        used_bytes=used,
+        page_files=int(sum(per_rank.get("qwen_hicache_disk_page_files", {}).values())),
+        cap_bytes=cap,
+        used_ratio=(round(used / cap, 4) if cap else 0.0) if caps else None,
+        namespace_created_at=int(created) if created is not None else None,
+        old_namespaces_bytes=int(old) if old is not None else None,
+        fingerprint=fingerprint or None,
+    )
 
 
-def read_usage(ip: str, port: int = PORT, timeout: float = 5.0) -> dict[str, Any] | None:
+def read_usage(ip: str, port: int = PORT, timeout: float = 5.0) -> DiskUsage | None:
     """One pod's disk usage from its `cache-usage` sidecar, or None when it does not answer (yet)."""
     try:
         with urllib.request.urlopen(f"http://{ip}:{port}/metrics", timeout=timeout) as resp:

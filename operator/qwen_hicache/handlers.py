@@ -16,6 +16,7 @@ from .kube import Kube, load_api_client
 from .plan import parse_spec
 from .render import MANAGER, selector
 from .spec import GROUP, PLURAL, VERSION
+from .status_model import restart_of
 
 RESYNC_SECONDS = float(os.environ.get("QWEN_HICACHE_RESYNC_SECONDS", "60"))
 ROLLOUT_POLL_SECONDS = float(os.environ.get("QWEN_HICACHE_ROLLOUT_POLL_SECONDS", "2"))
@@ -127,7 +128,7 @@ def rollout_wanted(spec: Any, status: Any, **_: Any) -> bool:
         target = rollout.target_of(parse_spec(dict(spec)))
     except ValidationError:
         return False
-    return rollout.is_active((status or {}).get("restart"), target)
+    return rollout.is_active(restart_of(dict(status or {})), target)
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, when=rollout_wanted, cancellation_timeout=10, initial_delay=1)

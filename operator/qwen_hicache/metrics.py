@@ -18,9 +18,10 @@ import contextlib
 import time
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from .status_model import Restart
 
 RECONCILES = Counter(
     "qwen_hicache_reconciles_total", "Reconciles of QwenHiCacheServer resources.", ["namespace", "server"]
@@ -133,7 +134,7 @@ def _seconds(a: str | None, b: str | None) -> float:
     return (datetime.strptime(b, fmt) - datetime.strptime(a, fmt)).total_seconds()
 
 
-def observe_restart_status(namespace: str, server: str, old: dict[str, Any] | None, new: dict[str, Any] | None,
+def observe_restart_status(namespace: str, server: str, old: Restart | None, new: Restart | None,
                            now: str) -> None:  # fmt: skip
     """Count what changed between two `status.restart` values (idempotent for an unchanged status).
 
@@ -143,15 +144,14 @@ def observe_restart_status(namespace: str, server: str, old: dict[str, Any] | No
     if not new:
         return
     _precreate(namespace, server)
-    old = old or {}
-    same = old.get("id") == new.get("id")
-    seen = len(old.get("results") or []) if same else 0
-    for r in (new.get("results") or [])[seen:]:
-        result = "new_namespace" if r.get("newCacheNamespace") else ("warm" if r.get("warm") else "cold")
-        observe_pod_restart(namespace, server, result, r.get("timeToReadySeconds"), int(r.get("storageTokens") or 0))
-    phase, was = new.get("phase"), old.get("phase") if same else None
-    if phase != was and phase in ("Complete", "Paused") and (new.get("results") or new.get("done")):
-        observe_rollout(namespace, server, _seconds(new.get("started"), new.get("finished") or now), phase.lower())
+    same = old is not None and old.id == new.id
+    seen = len(old.results) if same else 0
+    for r in new.results[seen:]:
+        result = "new_namespace" if r.new_cache_namespace else ("warm" if r.warm else "cold")
+        observe_pod_restart(namespace, server, result, r.time_to_ready_seconds, r.storage_tokens)
+    phase, was = new.phase, old.phase if same else None
+    if phase != was and phase in ("Complete", "Paused") and (new.results or new.done):
+        observe_rollout(namespace, server, _seconds(new.started, new.finished or now), phase.lower())
     set_rollout_phase(namespace, server, phase)
 
 

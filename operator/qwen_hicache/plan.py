@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from . import launch, policies, render
+from . import status_model as sm
 from .derive import Derived, derive
 from .geometry import GeometryError, resolve_geometry
 from .sizing import SizingError
@@ -35,16 +36,19 @@ class Plan:
         return any(p.blocking for p in self.problems)
 
     @property
-    def launch(self) -> Obj:
-        return launch_status(self.derived) if self.derived else {}
+    def launch(self) -> sm.Launch | None:
+        """`status.launch` of this plan (None when nothing could be derived)."""
+        return launch_status(self.derived) if self.derived else None
 
     @property
-    def sizing(self) -> Obj:
-        return self.derived.sizing.as_status(self.derived.fit) if self.derived else {}
+    def sizing(self) -> sm.Sizing | None:
+        """`status.sizing` of this plan."""
+        return self.derived.sizing.as_status(self.derived.fit) if self.derived else None
 
     @property
-    def cache(self) -> Obj:
-        return cache_status(self.derived) if self.derived and self.derived.spec.hicache.disk.enabled else {}
+    def cache(self) -> sm.Cache | None:
+        """`status.cache` of this plan (None without a disk tier)."""
+        return cache_status(self.derived) if self.derived and self.derived.spec.hicache.disk.enabled else None
 
     @property
     def target(self) -> str:
@@ -66,16 +70,11 @@ def parse_spec(raw: Obj) -> QwenHiCacheServerSpec:
     return QwenHiCacheServerSpec.model_validate(raw)
 
 
-def launch_status(d: Derived) -> Obj:
+def launch_status(d: Derived) -> sm.Launch:
     """The derived launch configuration shown in status (what the pods actually run)."""
-    return {
-        "image": d.spec.runtime.image,
-        "tensorParallelSize": d.spec.runtime.tensor_parallel_size,
-        "gpusPerPod": d.spec.runtime.tensor_parallel_size,
-        "hostMemoryPerRankGB": d.launch.host_size_gb,
-        "args": d.args,
-        "renderVersion": render.RENDER_VERSION,
-    }
+    tp = d.spec.runtime.tensor_parallel_size
+    return sm.Launch(image=d.spec.runtime.image, tensor_parallel_size=tp, gpus_per_pod=tp,
+                     host_memory_per_rank_gb=d.launch.host_size_gb, args=d.args, render_version=render.RENDER_VERSION)
 
 
 def _sizing_problem(message: str) -> policies.Problem:
@@ -120,14 +119,10 @@ def _plan_valid(meta: Obj, spec: QwenHiCacheServerSpec, node_allocatable_bytes: 
     return Plan(spec, objects, problems, d)
 
 
-def cache_status(d: Derived) -> Obj:
+def cache_status(d: Derived) -> sm.Cache:
     """The disk cache's identity and stop budget, as reported in `status.cache`."""
     layout = d.layout
-    return {
-        "fingerprint": layout.fingerprint,
-        "directory": launch.cache_dir(layout.fingerprint),
-        "inputs": layout.inputs,
-        "drainSeconds": layout.drain.drain_seconds,
-        "flushSeconds": layout.drain.flush_seconds,
-        "terminationGracePeriodSeconds": layout.drain.grace_seconds,
-    }
+    return sm.Cache(fingerprint=layout.fingerprint, directory=launch.cache_dir(layout.fingerprint),
+                    inputs=sm.FingerprintInputs.model_validate(layout.inputs),
+                    drain_seconds=layout.drain.drain_seconds, flush_seconds=layout.drain.flush_seconds,
+                    termination_grace_period_seconds=layout.drain.grace_seconds)

@@ -17,7 +17,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import DynamicApiError
 
 from . import claim_history, disk_change, diskusage, drift, engine, metrics, policies, render, rollout, router, units
-from .conditions import transitions
+from . import status_model as sm
+from .conditions import Condition, transitions
 from .kube import Kube
 from .plan import Plan, plan
 from .status import CRASH_LOOPING, POD_FAILING, Observed, PodProblem, build_status, conditions_for
@@ -89,10 +90,10 @@ def _status_delta(new: Obj, old: Obj) -> Obj:
     return _merge_diff(old, new) if old != new else {}
 
 
-def _ensure_admin_secret(kube: Kube, meta: Obj, old: Obj, outcome: Outcome) -> str:
+def _ensure_admin_secret(kube: Kube, meta: Obj, old: sm.QwenHiCacheServerStatus, outcome: Outcome) -> str:
     """Create the admin API key Secret once (tracked in status, so a no-op reconcile does not even try)."""
     name = render.admin_secret_name(meta["name"])
-    created = old.get("adminSecret") != name and kube.create_if_absent(
+    created = old.admin_secret != name and kube.create_if_absent(
         render.get_admin_secret(meta, secrets.token_hex(32)))
     if created:
         outcome.applied.append(f"Secret/{name}")
@@ -140,12 +141,12 @@ def _detail(term: Obj) -> str:
     return f": {detail[-MESSAGE_CHARS:]}" if detail else ""
 
 
-def _run_rollout(kube: Kube, body: Obj, p: Plan, pods: list[Obj], now: str, outcome: Outcome) -> Obj:
+def _run_rollout(kube: Kube, meta: Obj, old: sm.QwenHiCacheServerStatus, p: Plan, pods: list[Obj], now: str,
+                 outcome: Outcome) -> sm.Restart:
     """Advance the restart state machine one step and perform its side effects."""
-    meta, old = body["metadata"], body.get("status") or {}
     views = [rollout.PodView.from_pod(pod) for pod in pods]
     policy = p.derived.policy
-    rs, actions = rollout.plan_rollout(old.get("restart"), views, p.target, p.spec.replicas, policy, now)
+    rs, actions = rollout.plan_rollout(old.restart, views, p.target, p.spec.replicas, policy, now)
     outcome.rollout_actions = len(actions)
     port, prompt = p.spec.runtime.port, rollout.canary_prompt(meta["name"])
     for act in actions:
@@ -164,7 +165,7 @@ def _run_rollout(kube: Kube, body: Obj, p: Plan, pods: list[Obj], now: str, outc
     return rs
 
 
-def _evict(kube: Kube, meta: Obj, p: Plan, rs: Obj, act: rollout.Action) -> bool:
+def _evict(kube: Kube, meta: Obj, p: Plan, rs: sm.Restart, act: rollout.Action) -> bool:
     """Take one old pod down, if that still keeps the promise: availability is checked again on pods listed
     right now (another pod may have gone since the plan), and the eviction API applies the server's
     PodDisruptionBudget too. False: not now, a later pass tries again."""
@@ -187,11 +188,11 @@ def reconcile(kube: Kube, body: Obj, post_event: EventSink, now: str | None = No
         return _reconcile_locked(kube, fresh, post_event, now or utc_now())
 
 
-def _converge(kube: Kube, body: Obj, p: Plan, outcome: Outcome, now: str, seen: Seen) -> Observed:
+def _converge(kube: Kube, meta: Obj, old: sm.QwenHiCacheServerStatus, p: Plan, outcome: Outcome, now: str,
+              seen: Seen) -> Observed:
     """Apply children, keep the cache bookkeeping, advance a rollout; report what was seen."""
-    meta, old = body["metadata"], body.get("status") or {}
     children = [o for o in p.objects if not router.is_manifest(o)]
-    if not old:  # never reconciled: nothing to compare with, apply without reading first (creation is faster)
+    if not old.model_fields_set:  # never reconciled: nothing to compare with, apply without reading first (faster)
         seen = {(o["kind"], o["metadata"]["name"]): None for o in children} | seen
     sts = _apply_children(kube, children, outcome, seen)
     secret = _ensure_admin_secret(kube, meta, old, outcome)
@@ -199,8 +200,8 @@ def _converge(kube: Kube, body: Obj, p: Plan, outcome: Outcome, now: str, seen: 
     history = _annotate_claims(kube, meta, p.derived.layout.fingerprint, disk.keep_old_namespaces) \
         if disk.enabled else ()
     pods = kube.list("v1", "Pod", meta["namespace"], render.selector(meta["name"]))
-    restart = _run_rollout(kube, body, p, pods, now, outcome)
-    routing = router.sync(kube, meta, p.spec, restart, old.get("router"))  # seam "after warm check": listed again
+    restart = _run_rollout(kube, meta, old, p, pods, now, outcome)
+    routing = router.sync(kube, meta, p.spec, restart, old.router)  # seam "after warm check": listed again
     return Observed(sts=sts, restart=restart, pod_problems=_pod_problems(pods), admin_secret=secret, router=routing,
                     disk_usage=_disk_usage(p, pods), claim_history=history)
 
@@ -268,17 +269,18 @@ def _disk_step(kube: Kube, body: Obj, p: Plan, post_event: EventSink, outcome: O
     return later
 
 
-def _what_runs(kube: Kube, meta: Obj, old: Obj) -> Observed:
+def _what_runs(kube: Kube, meta: Obj, old: sm.QwenHiCacheServerStatus) -> Observed:
     """A refused spec applies nothing: report the workload that keeps running and keep a rollout's record."""
     try:
         sts = kube.get("apps/v1", "StatefulSet", meta["namespace"], meta["name"])
     except (ApiException, DynamicApiError):
         sts = None
-    return Observed(sts=sts, restart=old.get("restart"), router=old.get("router"))
+    return Observed(sts=sts, restart=old.restart, router=old.router)
 
 
 def _reconcile_locked(kube: Kube, body: Obj, post_event: EventSink, now: str) -> Outcome:
-    meta, old = body["metadata"], body.get("status") or {}
+    meta, stored = body["metadata"], body.get("status") or {}
+    old = sm.read_status(stored)
     p = plan(meta, body.get("spec") or {}, _smallest_node_memory(kube, body.get("spec") or {}))
     outcome = Outcome()
     obs = Observed()
@@ -287,24 +289,24 @@ def _reconcile_locked(kube: Kube, body: Obj, post_event: EventSink, now: str) ->
             seen: Seen = {}
             p = _disk_step(kube, body, p, post_event, outcome, seen)
             if not p.blocked:
-                obs = _converge(kube, body, p, outcome, now, seen)
+                obs = _converge(kube, meta, old, p, outcome, now, seen)
         except (ApiException, DynamicApiError) as err:
             outcome.error = f"reconcile failed: {getattr(err, 'reason', '')} {getattr(err, 'body', err)}"
-            obs = Observed(apply_error=outcome.error, restart=old.get("restart"), router=old.get("router"))
+            obs = Observed(apply_error=outcome.error, restart=old.restart, router=old.router)
     if p.blocked:
         obs = _what_runs(kube, meta, old)
-    new = build_status(p, obs, old, meta.get("generation", 0), now)
-    delta = _status_delta(new, old)
+    new = build_status(p, obs, old, meta.get("generation", 0), now).wire()  # serialized once, here
+    delta = _status_delta(new, stored)
     if delta:
         kube.patch_status(meta["namespace"], meta["name"], delta)
         outcome.status_written = True
     # After the write, so a failed patch (retried next time) is never counted twice.
-    metrics.observe_restart_status(meta["namespace"], meta["name"], old.get("restart"), obs.restart, now)
-    _post_transitions(body, conditions_for(p, obs), old.get("conditions"), post_event)
+    metrics.observe_restart_status(meta["namespace"], meta["name"], old.restart, obs.restart, now)
+    _post_transitions(body, conditions_for(p, obs), old.conditions, post_event)
     return outcome
 
 
-def _post_transitions(body: Obj, new: list, old: list | None, post_event: EventSink) -> None:
+def _post_transitions(body: Obj, new: list[Condition], old: list[Condition] | None, post_event: EventSink) -> None:
     """An event per condition change; a new resource gets one summary plus its warnings, not one per condition."""
     changed = [c for c in transitions(new, old) if c.type != "Progressing"]
     if not old:

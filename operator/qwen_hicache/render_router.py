@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import units
+from . import status_model, units
 from .constants import COMPONENT_LABEL, INSTANCE_LABEL, NAME_LABEL, standard_labels
 from .spec import QwenHiCacheServerSpec
 
@@ -209,15 +209,12 @@ def route_client_service(client: Obj, meta: Obj, spec: QwenHiCacheServerSpec) ->
     return svc
 
 
-def router_status(spec: QwenHiCacheServerSpec, meta: Obj) -> Obj:
+def router_status(spec: QwenHiCacheServerSpec, meta: Obj) -> status_model.Router:
     """The static half of `status.router` (worker health is added by the shell from the router's API)."""
     r = spec.router
     name, ns = meta["name"], meta["namespace"]
-    return {
-        "endpoint": f"http://{name}.{ns}.svc.cluster.local:{spec.runtime.port}",
-        "policy": r.policy,
-        **({"prefixTokens": r.prefix_tokens, "loadFactor": r.load_factor} if r.policy == "prefix_hash" else {}),
-        "replicas": r.replicas,
-        "image": r.image,
-        "smgVersion": SMG_VERSION,
-    }
+    hashed = r.policy == "prefix_hash"
+    return status_model.Router(endpoint=f"http://{name}.{ns}.svc.cluster.local:{spec.runtime.port}", policy=r.policy,
+                               prefix_tokens=r.prefix_tokens if hashed else None,
+                               load_factor=r.load_factor if hashed else None, replicas=r.replicas, image=r.image,
+                               smg_version=SMG_VERSION)

@@ -12,7 +12,6 @@ need new pods, plus `spec.restart`. Operator upgrades that merely render differe
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Any
 
 from .constants import CONFIG_HASH_ANNOTATION, FINGERPRINT_ANNOTATION, RESTART_ANNOTATION  # noqa: F401
 from .spec import QwenHiCacheServerSpec
+from .status_model import Restart, RestartEntry, RestartResult
 
 Obj = dict[str, Any]
 
@@ -88,7 +88,7 @@ class PodView:
             uid=meta.get("uid", ""),
             ready=ready,
             ip=status.get("podIP"),
-            target=f"{ann.get(CONFIG_HASH_ANNOTATION, '')}/{ann.get(RESTART_ANNOTATION, '')}",
+            target=target(ann.get(CONFIG_HASH_ANNOTATION, ""), ann.get(RESTART_ANNOTATION)),
             fingerprint=ann.get(FINGERPRINT_ANNOTATION, ""),
             terminating=bool(meta.get("deletionTimestamp")),
         )
@@ -149,9 +149,9 @@ def _seconds(a: str, b: str) -> float:
     return (datetime.strptime(b, fmt) - datetime.strptime(a, fmt)).total_seconds()
 
 
-def _clock(entry: Obj, key: str) -> str:
-    """When a wait began: `key`, or later when the entry was carried into a new rollout (a fresh timeout)."""
-    return max(entry[key], entry.get("since", entry[key]))
+def _clock(entry: RestartEntry, began: str) -> str:
+    """When a wait began: `began`, or later when the entry was carried into a new rollout (a fresh timeout)."""
+    return max(began, entry.since or began)
 
 
 @dataclass
@@ -180,269 +180,274 @@ class _Pass:
         return True
 
 
-def _fresh(target: str, pods: list[PodView], now: str, carried: list[Obj] | None = None) -> Obj:
+def _fresh(target: str, pods: list[PodView], now: str, carried: list[RestartEntry] | None = None) -> Restart:
     carried = carried or []
-    busy = {e["pod"] for e in carried}
+    busy = {e.pod for e in carried}
     outdated = sorted((p for p in pods if p.target != target and p.name not in busy), key=lambda p: -p.ordinal)
-    phase = "Rolling" if outdated or carried else "Complete"
-    return {"id": target, "phase": phase, "pending": [p.name for p in outdated], "done": [], "inFlight": carried,
-            "results": [], "started": now, **({} if phase == "Rolling" else {"finished": now})}
+    rolling = bool(outdated or carried)
+    return Restart(id=target, phase="Rolling" if rolling else "Complete", pending=[p.name for p in outdated],
+                   done=[], in_flight=carried, results=[], started=now, finished=None if rolling else now)
 
 
-def _carry(prev: Obj | None, now: str) -> list[Obj]:
+def _carry(prev: Restart | None, now: str) -> list[RestartEntry]:
     """In-flight pods of a rollout that is being replaced: they stay in flight (their pods may be down), with
     fresh timeouts, so the new rollout never takes another pod down while they are."""
-    if not prev or prev.get("phase") not in ("Rolling", "Paused"):
+    if not prev or prev.phase not in ("Rolling", "Paused"):
         return []
-    return [{**copy.deepcopy(e), "since": now} for e in prev.get("inFlight") or []]
+    return [e.model_copy(deep=True, update={"since": now}) for e in prev.in_flight]
 
 
-def _pause(rs: Obj, reason: str, message: str) -> Obj:
-    rs.update(phase="Paused", reason=reason, message=message)
+def _pause(rs: Restart, reason: str, message: str) -> Restart:
+    rs.phase, rs.reason, rs.message = "Paused", reason, message
     return rs
 
 
-def _resume(rs: Obj) -> None:
-    rs["phase"] = "Rolling"
-    rs.pop("reason", None)
-    rs.pop("message", None)
+def _resume(rs: Restart) -> None:
+    rs.phase, rs.reason, rs.message = "Rolling", None, None
 
 
-def _requeue(rs: Obj, entry: Obj) -> None:
+def _requeue(rs: Restart, entry: RestartEntry) -> None:
     """The pod came back with an older template (the rollout was retargeted meanwhile): roll it again later."""
-    rs["inFlight"].remove(entry)
-    rs["pending"].insert(0, entry["pod"])
+    rs.in_flight.remove(entry)
+    rs.pending.insert(0, entry.pod)
 
 
-def _gone(pod: PodView | None, entry: Obj) -> bool:
+def _gone(pod: PodView | None, entry: RestartEntry) -> bool:
     """The incarnation this entry was about to restart is gone or going (deleted by us before a crash, by
     someone else, or replaced): nothing left to delete."""
-    return pod is None or pod.uid != entry["uid"] or pod.terminating
+    return pod is None or pod.uid != entry.uid or pod.terminating
 
 
-def _successor(pod: PodView | None, entry: Obj) -> bool:
-    return bool(pod and pod.uid != entry["uid"] and pod.available and pod.ip)
+def _successor(pod: PodView | None, entry: RestartEntry) -> bool:
+    return bool(pod and pod.uid != entry.uid and pod.available and pod.ip)
 
 
-def _check(entry: Obj, pod: PodView) -> Action:
+def _check(entry: RestartEntry, pod: PodView) -> Action:
     """Verify, but only once a baseline of this incarnation's storage counters is on record (see `verified`)."""
-    kind = "verify" if entry.get("baselineUid") == pod.uid else "baseline"
-    return Action(kind, entry["pod"], pod.uid, pod.ip or "")
+    kind = "verify" if entry.baseline_uid == pod.uid else "baseline"
+    return Action(kind, entry.pod, pod.uid, pod.ip or "")
 
 
-def _advance(rs: Obj, entry: Obj, ctx: _Pass) -> Action | None:
-    pod = ctx.pods.get(entry["pod"])
-    if entry["step"] in ("Canary", "Delete") and _gone(pod, entry):
-        entry.update(step="WaitingReady", deletedAt=ctx.now)
-    step = entry["step"]
-    if step == "Canary":
-        return Action("canary", entry["pod"], entry["uid"], pod.ip or "") if pod else None
-    if step == "Delete":
+def _advance(rs: Restart, entry: RestartEntry, ctx: _Pass) -> Action | None:
+    pod = ctx.pods.get(entry.pod)
+    if entry.step in ("Canary", "Delete") and _gone(pod, entry):
+        entry.step, entry.deleted_at = "WaitingReady", ctx.now
+    if entry.step == "Canary":
+        return Action("canary", entry.pod, entry.uid or "", pod.ip or "") if pod else None
+    if entry.step == "Delete":
         if pod and pod.available and not ctx.take_one():
             return None  # another pod went down meanwhile: delete on a later pass
-        return Action("delete", entry["pod"], entry["uid"])
-    if step == "WaitingReady":
+        return Action("delete", entry.pod, entry.uid or "")
+    if entry.step == "WaitingReady":
         return _waiting(rs, entry, pod, ctx)
     return _verifying(rs, entry, pod, ctx)
 
 
-def _waiting(rs: Obj, entry: Obj, pod: PodView | None, ctx: _Pass) -> Action | None:
+def _waiting(rs: Restart, entry: RestartEntry, pod: PodView | None, ctx: _Pass) -> Action | None:
     if _successor(pod, entry):
         assert pod is not None
-        if pod.target != rs["id"]:
+        if pod.target != rs.id:
             _requeue(rs, entry)
             return None
-        entry.update(step="Verify", readyAt=ctx.now, readyUid=pod.uid)
+        entry.step, entry.ready_at, entry.ready_uid = "Verify", ctx.now, pod.uid
         return _check(entry, pod)
-    if _seconds(_clock(entry, "deletedAt"), ctx.now) > ctx.policy.timeout_seconds:
-        _pause(rs, "PodNotReady", f"pod {entry['pod']} did not become ready within {ctx.policy.timeout_seconds}s "
+    if _seconds(_clock(entry, entry.deleted_at or ctx.now), ctx.now) > ctx.policy.timeout_seconds:
+        _pause(rs, "PodNotReady", f"pod {entry.pod} did not become ready within {ctx.policy.timeout_seconds}s "
                                   "after its restart; the rollout resumes by itself once it is ready (see its "
                                   "events and logs), or set spec.restart to a new value to start over")
     return None
 
 
-def _verifying(rs: Obj, entry: Obj, pod: PodView | None, ctx: _Pass) -> Action | None:
-    ready_uid = entry.setdefault("readyUid", pod.uid if pod else "")
+def _verifying(rs: Restart, entry: RestartEntry, pod: PodView | None, ctx: _Pass) -> Action | None:
+    if entry.ready_uid is None:
+        entry.ready_uid = pod.uid if pod else ""
+    ready_uid = entry.ready_uid
     if pod is None or pod.uid != ready_uid or pod.terminating:  # deleted again before its check: wait again
-        for key in ("readyAt", "readyUid", "baselineUid", "baselineStorage"):
-            entry.pop(key, None)
-        entry.update(step="WaitingReady", uid=ready_uid, deletedAt=ctx.now)
+        entry.ready_at = entry.ready_uid = entry.baseline_uid = entry.baseline_storage = None
+        entry.step, entry.uid, entry.deleted_at = "WaitingReady", ready_uid, ctx.now
         return None
-    if pod.target != rs["id"]:
+    if pod.target != rs.id:
         _requeue(rs, entry)
         return None
     if not pod.available or not pod.ip:
         return None
-    if rs["phase"] == "Rolling" and _seconds(_clock(entry, "readyAt"), ctx.now) > ctx.policy.timeout_seconds:
-        _pause(rs, "WarmCheckFailed", f"pod {entry['pod']} did not answer the warm-start canary within "
+    waited = _seconds(_clock(entry, entry.ready_at or ctx.now), ctx.now)
+    if rs.phase == "Rolling" and waited > ctx.policy.timeout_seconds:
+        _pause(rs, "WarmCheckFailed", f"pod {entry.pod} did not answer the warm-start canary within "
                                       f"{ctx.policy.timeout_seconds}s; the check is retried and the rollout "
                                       "resumes by itself once it answers")
         return None
     return _check(entry, pod)
 
 
-def _start_next(rs: Obj, ctx: _Pass) -> list[Obj]:
+def _start_next(rs: Restart, ctx: _Pass) -> list[RestartEntry]:
     """Take pending pods into flight while the budget allows; return the new entries."""
-    def takes_down(e: Obj) -> bool:
-        pod = ctx.pods.get(e["pod"])
-        return e["step"] in ("Canary", "Delete") and not _gone(pod, e) and bool(pod and pod.available)
+    def takes_down(e: RestartEntry) -> bool:
+        pod = ctx.pods.get(e.pod)
+        return e.step in ("Canary", "Delete") and not _gone(pod, e) and bool(pod and pod.available)
 
-    committed = sum(1 for e in rs["inFlight"] if takes_down(e))
+    committed = sum(1 for e in rs.in_flight if takes_down(e))
     started = []
-    while rs["pending"] and len(rs["inFlight"]) < ctx.cap:
-        name = rs["pending"][0]
+    while rs.pending and len(rs.in_flight) < ctx.cap:
+        name = rs.pending[0]
         pod = ctx.pods.get(name)
-        if pod is not None and pod.target == rs["id"] and not pod.terminating:
-            rs["pending"].pop(0)
-            rs["done"].append(name)  # already replaced by someone else: nothing to restart
+        if pod is not None and pod.target == rs.id and not pod.terminating:
+            rs.pending.pop(0)
+            rs.done.append(name)  # already replaced by someone else: nothing to restart
             continue
         if pod is not None and pod.available:
             if ctx.down + committed + 1 > ctx.cap:
                 break  # enough pods are down already: wait rather than exceed maxUnavailable
             committed += 1
-        rs["pending"].pop(0)
+        rs.pending.pop(0)
         started.append(_new_entry(name, pod, ctx))
-        rs["inFlight"].append(started[-1])
+        rs.in_flight.append(started[-1])
     return started
 
 
-def _new_entry(name: str, pod: PodView | None, ctx: _Pass) -> Obj:
+def _new_entry(name: str, pod: PodView | None, ctx: _Pass) -> RestartEntry:
     if pod is None or pod.terminating:  # already down (deleted by someone else): wait for its successor
-        return {"pod": name, "step": "WaitingReady", "uid": pod.uid if pod else "", "since": ctx.now,
-                "deletedAt": ctx.now}
+        return RestartEntry(pod=name, step="WaitingReady", uid=pod.uid if pod else "", since=ctx.now,
+                            deleted_at=ctx.now)
     step = "Canary" if pod.available and pod.ip else "Delete"
-    return {"pod": name, "step": step, "uid": pod.uid, "since": ctx.now,
-            "sameCache": pod.fingerprint == ctx.policy.fingerprint}
+    return RestartEntry(pod=name, step=step, uid=pod.uid, since=ctx.now,
+                        same_cache=pod.fingerprint == ctx.policy.fingerprint)
 
 
-def _drop_scaled_away(rs: Obj, replicas: int) -> None:
+def _drop_scaled_away(rs: Restart, replicas: int) -> None:
     """Scaled down mid-rollout: pods at ordinals >= replicas will not come back; they are done, not waited for."""
-    gone = [n for n in rs["pending"] if _ordinal(n) >= replicas]
-    gone += [e["pod"] for e in rs["inFlight"] if _ordinal(e["pod"]) >= replicas]
-    rs["pending"] = [n for n in rs["pending"] if _ordinal(n) < replicas]
-    rs["inFlight"] = [e for e in rs["inFlight"] if _ordinal(e["pod"]) < replicas]
-    rs["done"] += gone
+    gone = [n for n in rs.pending if _ordinal(n) >= replicas]
+    gone += [e.pod for e in rs.in_flight if _ordinal(e.pod) >= replicas]
+    rs.pending = [n for n in rs.pending if _ordinal(n) < replicas]
+    rs.in_flight = [e for e in rs.in_flight if _ordinal(e.pod) < replicas]
+    rs.done += gone
 
 
-def _paused_actions(rs: Obj, ctx: _Pass) -> list[Action] | None:
+def _paused_actions(rs: Restart, ctx: _Pass) -> list[Action] | None:
     """While paused: None when the pause is over (the rollout goes on), else the checks still worth retrying."""
-    if rs.get("reason") not in RECOVERABLE:
+    if rs.reason not in RECOVERABLE:
         return []
-    if not rs["inFlight"] or any(e["step"] == "WaitingReady" and _successor(ctx.pods.get(e["pod"]), e)
-                                 for e in rs["inFlight"]):
+    if not rs.in_flight or any(e.step == "WaitingReady" and _successor(ctx.pods.get(e.pod), e)
+                               for e in rs.in_flight):
         _resume(rs)  # scaled away, or the pod became ready: verify it and go on
         return None
-    return [a for e in list(rs["inFlight"]) if e["step"] == "Verify" and (a := _verifying(rs, e, ctx.pods.get(
-        e["pod"]), ctx))]
+    return [a for e in list(rs.in_flight) if e.step == "Verify" and (a := _verifying(rs, e, ctx.pods.get(e.pod), ctx))]
 
 
-def _finish_if_done(rs: Obj, now: str) -> None:
-    if rs["phase"] == "Rolling" and not rs["inFlight"] and not rs["pending"]:
-        rs.update(phase="Complete", finished=now)
+def _finish_if_done(rs: Restart, now: str) -> None:
+    if rs.phase == "Rolling" and not rs.in_flight and not rs.pending:
+        rs.phase, rs.finished = "Complete", now
 
 
-def plan_rollout(prev: Obj | None, pods: list[PodView], target: str, replicas: int, policy: Policy,
-                 now: str) -> tuple[Obj, list[Action]]:
+def plan_rollout(prev: Restart | None, pods: list[PodView], target: str, replicas: int, policy: Policy,
+                 now: str) -> tuple[Restart, list[Action]]:
     """The next restart status and the side effects to perform now (at most one per in-flight pod)."""
-    if prev is None or prev.get("id") != target:
+    if prev is None or prev.id != target:
         if prev is None and not any(p.target != target for p in pods):
             return _fresh(target, [], now), []
         rs = _fresh(target, pods, now, _carry(prev, now))
     else:
-        rs = copy.deepcopy(prev)
-    if rs["phase"] not in ("Rolling", "Paused"):
+        rs = prev.model_copy(deep=True)
+    if rs.phase not in ("Rolling", "Paused"):
         return rs, []
     ctx = _Pass({p.name: p for p in pods}, replicas, policy, now)
     _drop_scaled_away(rs, replicas)
-    if rs["phase"] == "Paused" and (retries := _paused_actions(rs, ctx)) is not None:
+    if rs.phase == "Paused" and (retries := _paused_actions(rs, ctx)) is not None:
         return rs, retries
-    actions = [a for e in list(rs["inFlight"]) if (a := _advance(rs, e, ctx))]
-    if rs["phase"] == "Rolling":
+    actions = [a for e in list(rs.in_flight) if (a := _advance(rs, e, ctx))]
+    if rs.phase == "Rolling":
         actions += [a for e in _start_next(rs, ctx) if (a := _advance(rs, e, ctx))]
-    if rs["phase"] != "Rolling":
+    if rs.phase != "Rolling":
         return rs, []
     _finish_if_done(rs, now)
     return rs, actions
 
 
-def _entry(rs: Obj, pod: str) -> Obj:
-    return next(e for e in rs["inFlight"] if e["pod"] == pod)
+def _entry(rs: Restart, pod: str) -> RestartEntry:
+    return next(e for e in rs.in_flight if e.pod == pod)
 
 
-def canary_sent(rs: Obj, pod: str, tokens: int | None, error: str | None) -> Obj:
+def canary_sent(rs: Restart, pod: str, tokens: int | None, error: str | None) -> Restart:
     """Canary done (or impossible): the pod may be deleted next. Recorded so the result can be explained."""
-    rs = copy.deepcopy(rs)
-    _entry(rs, pod).update(step="Delete", canaryTokens=tokens or 0, **({"canaryError": error} if error else {}))
+    rs = rs.model_copy(deep=True)
+    entry = _entry(rs, pod)
+    entry.step, entry.canary_tokens = "Delete", tokens or 0
+    if error:
+        entry.canary_error = error
     return rs
 
 
-def deleted(rs: Obj, pod: str, now: str) -> Obj:
+def deleted(rs: Restart, pod: str, now: str) -> Restart:
     """The old pod is gone (or was already replaced): wait for its successor."""
-    rs = copy.deepcopy(rs)
-    _entry(rs, pod).update(step="WaitingReady", deletedAt=now)
+    rs = rs.model_copy(deep=True)
+    entry = _entry(rs, pod)
+    entry.step, entry.deleted_at = "WaitingReady", now
     return rs
 
 
-def baseline_read(rs: Obj, pod: str, uid: str, metrics: dict[str, float]) -> Obj:
+def baseline_read(rs: Restart, pod: str, uid: str, metrics: dict[str, float]) -> Restart:
     """The new pod's storage counter before any canary reaches it; persisted in status before the canary is
     sent, so a retried check (after a crash or a failed status write) still sees what the first one loaded."""
-    rs = copy.deepcopy(rs)
+    rs = rs.model_copy(deep=True)
     entry = _entry(rs, pod)
     if not metrics:
-        entry["lastError"] = "the pod's /metrics did not answer"
+        entry.last_error = "the pod's /metrics did not answer"
         return rs
-    entry.update(baselineUid=uid, baselineStorage=int(metrics.get(STORAGE_COUNTER, 0)))
-    entry.pop("lastError", None)
+    entry.baseline_uid, entry.baseline_storage = uid, int(metrics.get(STORAGE_COUNTER, 0))
+    entry.last_error = None
     return rs
 
 
-def verified(rs: Obj, pod: str, storage_tokens: int | None, error: str | None, policy: Policy, now: str,
-             metrics: dict[str, float] | None = None) -> Obj:
+def verified(rs: Restart, pod: str, storage_tokens: int | None, error: str | None, policy: Policy, now: str,
+             metrics: dict[str, float] | None = None) -> Restart:
     """Record the warm-start check; finish the pod, keep retrying (no answer yet), or pause (cold).
 
     Warm: the answer names disk tokens, or the pod's storage counter rose since the baseline (a retried
     canary is served from GPU memory, but the first one's disk read still shows in the counter). Without
     the counter a storage=0 answer proves nothing, so it is retried. `metrics`: the pod's counters after
     the replay, recorded beside the per-request evidence."""
-    rs = copy.deepcopy(rs)
+    rs = rs.model_copy(deep=True)
     entry = _entry(rs, pod)
     metrics = metrics or {}
     counter = metrics.get(STORAGE_COUNTER, 0 if metrics else None)
-    if storage_tokens is None or (storage_tokens == 0 and (counter is None or "baselineStorage" not in entry)):
-        entry["lastError"] = error or "no storage counters to tell a cold start from a retried check"
+    baseline = entry.baseline_storage
+    if storage_tokens is None or (storage_tokens == 0 and (counter is None or baseline is None)):
+        entry.last_error = error or "no storage counters to tell a cold start from a retried check"
         return rs
-    if rs["phase"] == "Paused":
+    if rs.phase == "Paused":
         _resume(rs)  # WarmCheckFailed: it answers now
-    since = int(counter - entry["baselineStorage"]) if counter is not None and "baselineStorage" in entry else 0
+    since = int(counter - baseline) if counter is not None and baseline is not None else 0
     warm = storage_tokens > 0 or since > 0
-    expect_warm = entry.get("sameCache", True)
-    rs["results"].append({
-        "pod": pod, "warm": warm, "storageTokens": storage_tokens,
-        "timeToReadySeconds": int(_seconds(entry["deletedAt"], entry["readyAt"])),
-        **({} if expect_warm else {"newCacheNamespace": True}),
-        **{key: int(value) for key, value in _evidence(metrics).items()},
-        **({"metricStorageBaseline": entry["baselineStorage"]} if "baselineStorage" in entry else {}),
-    })
+    expect_warm = entry.same_cache is not False
+    evidence = _evidence(metrics)
+    rs.results.append(RestartResult(
+        pod=pod, warm=warm, storage_tokens=storage_tokens,
+        time_to_ready_seconds=int(_seconds(entry.deleted_at, entry.ready_at)),
+        new_cache_namespace=None if expect_warm else True,
+        metric_storage_cached_tokens=evidence.get("metricStorageCachedTokens"),
+        metric_prefetched_tokens=evidence.get("metricPrefetchedTokens"),
+        metric_storage_baseline=baseline,
+    ))
     if not warm and expect_warm and policy.require_warm:
         return _pause(rs, "ColdStart", f"pod {pod} came back without a disk-cache hit for the canary (storage=0 "
                                        "tokens, storage counter unchanged); nothing else is restarted. Check its "
                                        "cache volume, then set spec.restart to a new value to go on (or set "
                                        "rollout.requireWarmStart: false)")
-    rs["inFlight"].remove(entry)
-    rs["done"].append(pod)
+    rs.in_flight.remove(entry)
+    rs.done.append(pod)
     _finish_if_done(rs, now)
     return rs
 
 
-def _evidence(metrics: dict[str, float]) -> dict[str, float]:
+def _evidence(metrics: dict[str, float]) -> dict[str, int]:
     """The runtime's storage counters, renamed for status (absent counters are simply not reported)."""
     names = {"sglang:cached_tokens_total{storage}": "metricStorageCachedTokens",
              "sglang:prefetched_tokens_total": "metricPrefetchedTokens"}
-    return {names[k]: v for k, v in metrics.items() if k in names}
+    return {names[k]: int(v) for k, v in metrics.items() if k in names}
 
 
-def is_active(restart_status: Obj | None, target: str) -> bool:
+def is_active(restart: Restart | None, target: str) -> bool:
     """Whether a rollout is running or must start (drives the fast polling daemon)."""
-    if not restart_status:
+    if not restart:
         return False
-    return restart_status.get("id") != target or restart_status.get("phase") == "Rolling"
+    return restart.id != target or restart.phase == "Rolling"

@@ -18,6 +18,7 @@ import urllib.request
 from typing import Any
 
 from . import render_router
+from . import status_model as sm
 from .drift import is_applied, with_hash
 from .kube import Kube
 from .render import owner_reference
@@ -38,9 +39,9 @@ def is_manifest(obj: Obj) -> bool:
     return obj.get("kind") == "ConfigMap" and obj["metadata"]["name"].endswith("-router-workers")
 
 
-def drained_pods(restart: Obj | None) -> frozenset[str]:
+def drained_pods(restart: sm.Restart | None) -> frozenset[str]:
     """Pods the rollout has taken out of the router: past their canary, not yet verified warm."""
-    return frozenset(e["pod"] for e in (restart or {}).get("inFlight") or [] if e.get("step") in DRAINED_STEPS)
+    return frozenset(e.pod for e in (restart.in_flight if restart else []) if e.step in DRAINED_STEPS)
 
 
 def _apply_manifest(kube: Kube, meta: Obj, spec: QwenHiCacheServerSpec, drained: frozenset[str]) -> None:
@@ -75,7 +76,7 @@ def _ready_router_ips(kube: Kube, meta: Obj) -> dict[str, str]:
     return out
 
 
-def ready_to_delete(kube: Kube, meta: Obj, spec: QwenHiCacheServerSpec, restart: Obj, pod: str) -> bool:
+def ready_to_delete(kube: Kube, meta: Obj, spec: QwenHiCacheServerSpec, restart: sm.Restart, pod: str) -> bool:
     """Before delete: the pod is out of the manifest and no ready router pod routes to it any more."""
     if not active(spec):
         return True
@@ -87,8 +88,8 @@ def ready_to_delete(kube: Kube, meta: Obj, spec: QwenHiCacheServerSpec, restart:
     return True
 
 
-def sync(kube: Kube, meta: Obj, spec: QwenHiCacheServerSpec, restart: Obj | None,
-         previous: Obj | None = None) -> Obj | None:
+def sync(kube: Kube, meta: Obj, spec: QwenHiCacheServerSpec, restart: sm.Restart | None,
+         previous: sm.Router | None = None) -> sm.Router | None:
     """After the rollout step: the manifest for the current restart state, and `status.router`.
 
     A router that was running (`previous` status) and is no longer wanted is scaled to zero once (the client
@@ -101,13 +102,11 @@ def sync(kube: Kube, meta: Obj, spec: QwenHiCacheServerSpec, restart: Obj | None
         return None
     drained = drained_pods(restart)
     _apply_manifest(kube, meta, spec, drained)
-    status = render_router.router_status(spec, meta)
     routers = {name: router_workers(ip, spec.router.port) for name, ip in _ready_router_ips(kube, meta).items()}
-    status["drained"] = sorted(drained)
-    status["readyRouters"] = sum(1 for w in routers.values() if w is not None)
-    status["workers"] = [
-        {"pod": f"{meta['name']}-{i}", "routers": {r: (w or {}).get(f"{meta['name']}-{i}", "absent")
-                                                     for r, w in sorted(routers.items())}}
-        for i in range(spec.replicas)
-    ]
-    return status
+    pods = [f"{meta['name']}-{i}" for i in range(spec.replicas)]
+    return render_router.router_status(spec, meta).model_copy(update={
+        "drained": sorted(drained),
+        "ready_routers": sum(1 for w in routers.values() if w is not None),
+        "workers": [sm.RouterWorker(pod=pod, routers={r: (w or {}).get(pod, "absent") for r, w in sorted(
+            routers.items())}) for pod in pods],
+    })

@@ -19,11 +19,10 @@ sizes, host sizes, dtypes and speculative settings and requires the numbers here
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
 
-from . import units
+from . import status_model, units
 from .disk_files import DiskFiles, disk_files
 from .geometry import Geometry, GeometryError, profile_fields_merged, resolve_geometry
 from .launch import LaunchSizing
@@ -569,51 +568,51 @@ class Sizing:
             host_bytes_per_rank=self.host.total_bytes,
         )
 
-    def as_status(self, fit: tuple[str, ...] = ()) -> dict[str, Any]:
-        """`status.sizing`: camelCase, every derived number, the terms and the problems (with the node fit's)."""
+    def as_status(self, fit: tuple[str, ...] = ()) -> status_model.Sizing:
+        """`status.sizing`: every derived number, the terms and the problems (with the node fit's). Every
+        field is set, None included, so `qwen-hicache size -o json` shows the same keys as before."""
         s, dev, host = self.shapes, self.device, self.host
-        out: dict[str, Any] = {
-            "tensorParallelSize": self.tensor_parallel_size,
-            "pageSize": self.page_size,
-            "kvBytesPerToken": s.kv_bytes_per_token,
-            "indexBytesPerPage": s.index_bytes_per_page,
-            "mambaBytesPerSlot": s.mamba_bytes_per_slot,
-            "pleStateBytesPerSlot": s.ple_bytes_per_slot,
-            "deviceKVTokensPerRank": dev.kv_tokens,
-            "deviceKVTokensEstimated": dev.kv_tokens_estimated,
-            "deviceMambaSlotsPerRank": dev.mamba_slots,
-            "deviceMambaSlotsAssumed": dev.mamba_slots_assumed,
-            "deviceKVBytesPerRank": dev.kv_bytes,
-            "deviceMambaBytesPerRank": dev.mamba_bytes,
-            "deviceIndexBytesPerRank": dev.index_bytes,
-            "runningRequests": dev.running_requests,
-            "mambaSpecStates": dev.spec_states,
-            "hicacheSizeGB": host.hicache_size_gb,
-            "hicacheRatio": host.hicache_ratio,
-            "hostKVTokensPerRank": host.kv_tokens,
-            "hostMambaSlotsPerRank": host.mamba_slots,
-            "hostKVBytesPerRank": host.kv_bytes,
-            "hostIndexBytesPerRank": host.index_bytes,
-            "hostMambaBytesPerRank": host.mamba_bytes,
-            "hostBytesPerRank": host.total_bytes,
-            "hostBytesPerPod": host.total_bytes * self.tensor_parallel_size,
-            "coverageKVTokensPerMambaSlot": self.kv_tokens_per_mamba_slot,
-            "coverageRestorableKVTokensPerRank": self.restorable_kv_tokens,
-            "coverageFraction": round(self.restorable_kv_tokens / host.kv_tokens, 4)
-            if host.kv_tokens
-            else 0.0,
-            "podMemoryRequestBytes": self.pod_memory_request_bytes,
-            "podMemoryLimitBytes": self.pod_memory_limit_bytes,
-            "shmBytes": self.shm_bytes,
-            "diskCapBytesPerRank": self.disk.cap_bytes_per_rank,
-            "diskVolumeBytes": self.disk.volume_bytes,
-            "diskHeadroomFraction": float(DISK_HEADROOM_FRACTION),
-            **(self.disk_files.as_status() if self.disk_files else {}),
-            "memoryTerms": [asdict(t) for t in self.terms],
-            "notes": list(self.notes),
-            "problems": [*self.problems, *fit],
-        }
-        return out
+        files = self.disk_files
+        return status_model.Sizing(
+            tensor_parallel_size=self.tensor_parallel_size,
+            page_size=self.page_size,
+            kv_bytes_per_token=s.kv_bytes_per_token,
+            index_bytes_per_page=s.index_bytes_per_page,
+            mamba_bytes_per_slot=s.mamba_bytes_per_slot,
+            ple_state_bytes_per_slot=s.ple_bytes_per_slot,
+            device_kv_tokens_per_rank=dev.kv_tokens,
+            device_kv_tokens_estimated=dev.kv_tokens_estimated,
+            device_mamba_slots_per_rank=dev.mamba_slots,
+            device_mamba_slots_assumed=dev.mamba_slots_assumed,
+            device_kv_bytes_per_rank=dev.kv_bytes,
+            device_mamba_bytes_per_rank=dev.mamba_bytes,
+            device_index_bytes_per_rank=dev.index_bytes,
+            running_requests=dev.running_requests,
+            mamba_spec_states=dev.spec_states,
+            hicache_size_gb=host.hicache_size_gb,
+            hicache_ratio=host.hicache_ratio,
+            host_kv_tokens_per_rank=host.kv_tokens,
+            host_mamba_slots_per_rank=host.mamba_slots,
+            host_kv_bytes_per_rank=host.kv_bytes,
+            host_index_bytes_per_rank=host.index_bytes,
+            host_mamba_bytes_per_rank=host.mamba_bytes,
+            host_bytes_per_rank=host.total_bytes,
+            host_bytes_per_pod=host.total_bytes * self.tensor_parallel_size,
+            coverage_kv_tokens_per_mamba_slot=self.kv_tokens_per_mamba_slot,
+            coverage_restorable_kv_tokens_per_rank=self.restorable_kv_tokens,
+            coverage_fraction=round(self.restorable_kv_tokens / host.kv_tokens, 4) if host.kv_tokens else 0.0,
+            pod_memory_request_bytes=self.pod_memory_request_bytes,
+            pod_memory_limit_bytes=self.pod_memory_limit_bytes,
+            shm_bytes=self.shm_bytes,
+            disk_cap_bytes_per_rank=self.disk.cap_bytes_per_rank,
+            disk_volume_bytes=self.disk.volume_bytes,
+            disk_headroom_fraction=float(DISK_HEADROOM_FRACTION),
+            **({"pages_per_rank": files.pages, "files_per_rank": files.files,
+                "files_per_rank_by_pool": files.files_by_pool} if files else {}),
+            memory_terms=[status_model.MemoryTerm(name=t.name, bytes=t.bytes, why=t.why) for t in self.terms],
+            notes=list(self.notes),
+            problems=[*self.problems, *fit],
+        )
 
 
 def check_fit(sizing: Sizing, node_allocatable_bytes: int | None) -> list[str]:

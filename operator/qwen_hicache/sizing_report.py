@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import status_model
+
 GIB = 1 << 30
 
 _ROWS: tuple[tuple[str, str, str], ...] = (
@@ -48,9 +50,9 @@ def _table(rows: list[tuple[str, str, str]]) -> list[str]:
     return [f"  {a:<{w0}}  {b:>{w1}}  {c}" for a, b, c in rows]
 
 
-def render_table(sizing: Any, title: str = "") -> str:
-    """The status dict (or a `Sizing`) as text: numbers, memory terms with their reasons, notes, problems."""
-    s = sizing.as_status() if hasattr(sizing, "as_status") else sizing
+def render_table(sizing: status_model.Sizing, title: str = "") -> str:
+    """`status.sizing` as text: numbers, memory terms with their reasons, notes, problems."""
+    s = sizing.explicit()
     lines = [f"Sizing for {title}" if title else "Sizing", ""]
     lines += _table([(key, _fmt(s.get(key), unit), why) for key, unit, why in _ROWS if key in s])
     lines += ["", "Pod memory limit, term by term:"]

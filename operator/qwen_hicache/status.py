@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
-from .conditions import Condition, merge
+from . import status_model as sm
+from .conditions import Condition, condition, merge
+from .diskusage import DiskUsage
 from .plan import Plan
 
-Obj = dict[str, Any]
 CRASH_LOOPING, POD_FAILING = "CrashLooping", "PodFailing"
 
 
@@ -34,13 +34,14 @@ class PodProblem:
 class Observed:
     """What this reconcile saw and did, besides the plan."""
 
-    sts: Obj | None = None
-    restart: Obj | None = None
+    sts: dict | None = None
+    """The live StatefulSet (as applied or found): readiness of what runs."""
+    restart: sm.Restart | None = None
     apply_error: str | None = None
     pod_problems: tuple[PodProblem, ...] = ()
     admin_secret: str | None = None
-    router: Obj | None = None
-    disk_usage: tuple[tuple[str, Obj | None], ...] = ()
+    router: sm.Router | None = None
+    disk_usage: tuple[tuple[str, DiskUsage | None], ...] = ()
     """(pod, its cache-usage sidecar's numbers or None) per running pod; see `replica_cache`."""
     claim_history: tuple[str, ...] = ()
     """Earlier cache namespaces the cache volume claims record, newest first (see claim_history)."""
@@ -51,9 +52,9 @@ def _validity(plan: Plan) -> list[Condition]:
     for ctype, ok_reason in (("SpecValid", "Valid"), ("SizingValid", "Fits")):
         blocking = [p for p in plan.problems if p.blocking and p.condition == ctype]
         if blocking:
-            out.append(Condition(ctype, "False", blocking[0].reason, "; ".join(p.message for p in blocking)))
+            out.append(condition(ctype, "False", blocking[0].reason, "; ".join(p.message for p in blocking)))
         elif ctype == "SpecValid" or plan.spec is not None:
-            out.append(Condition(ctype, "True", ok_reason, "" if ctype == "SpecValid" else "host and disk fit"))
+            out.append(condition(ctype, "True", ok_reason, "" if ctype == "SpecValid" else "host and disk fit"))
     return out
 
 
@@ -61,11 +62,11 @@ def _persistence(plan: Plan) -> list[Condition]:
     if plan.spec is None:
         return []
     if not plan.spec.hicache.disk.enabled:
-        return [Condition("CachePersistent", "False", "DiskTierDisabled", "hicache.disk.enabled is false")]
+        return [condition("CachePersistent", "False", "DiskTierDisabled", "hicache.disk.enabled is false")]
     warn = [p for p in plan.problems if p.condition == "CachePersistent"]
     if warn:
-        return [Condition("CachePersistent", "False", warn[0].reason, warn[0].message)]
-    return [Condition("CachePersistent", "True", "WriteThrough", "pages are written through to the disk tier")]
+        return [condition("CachePersistent", "False", warn[0].reason, warn[0].message)]
+    return [condition("CachePersistent", "True", "WriteThrough", "pages are written through to the disk tier")]
 
 
 ADVISORY_CONDITIONS = {"ImagePinned": ("Digest", "runtime.image is pinned by digest")}
@@ -78,27 +79,31 @@ def _advisories(plan: Plan) -> list[Condition]:
     out = []
     for ctype, (reason, message) in ADVISORY_CONDITIONS.items():
         warn = [p for p in plan.problems if p.condition == ctype]
-        out.append(Condition(ctype, "False", warn[0].reason, warn[0].message) if warn
-                   else Condition(ctype, "True", reason, message))
+        out.append(condition(ctype, "False", warn[0].reason, warn[0].message) if warn
+                   else condition(ctype, "True", reason, message))
     return out
 
 
-def _warmth(restart: Obj | None) -> list[Condition]:
-    results = (restart or {}).get("results") or []
-    if (restart or {}).get("reason") == "ColdStart":
-        return [Condition("CacheWarm", "False", "ColdStart", restart["message"])]
-    results = [r for r in results if not r.get("newCacheNamespace")]
+def _verified(restart: sm.Restart | None) -> list[sm.RestartResult]:
+    """Restart results on an existing cache (a new cache namespace is cold by design)."""
+    return [r for r in (restart.results if restart else []) if not r.new_cache_namespace]
+
+
+def _warmth(restart: sm.Restart | None) -> list[Condition]:
+    if restart and restart.reason == "ColdStart":
+        return [condition("CacheWarm", "False", "ColdStart", restart.message or "")]
+    results = _verified(restart)
     if not results:
-        return [Condition("CacheWarm", "Unknown", "NotVerified", "no restart on an existing cache verified yet")]
-    tokens = sum(r["storageTokens"] for r in results)
-    return [Condition("CacheWarm", "True", "WarmStart",
+        return [condition("CacheWarm", "Unknown", "NotVerified", "no restart on an existing cache verified yet")]
+    tokens = sum(r.storage_tokens for r in results)
+    return [condition("CacheWarm", "True", "WarmStart",
                       f"{len(results)} restarted pod(s) served the canary from disk ({tokens} tokens restored)")]
 
 
-def _rollout_message(rs: Obj) -> str:
-    current = ", ".join(e["pod"] + ":" + e["step"] for e in rs.get("inFlight", []))
-    total = len(rs["done"]) + len(rs["pending"]) + len(rs.get("inFlight", []))
-    return f"restarting {current or 'next pod'} ({len(rs['done'])}/{total} done)"
+def _rollout_message(rs: sm.Restart) -> str:
+    current = ", ".join(f"{e.pod}:{e.step}" for e in rs.in_flight)
+    total = len(rs.done) + len(rs.pending) + len(rs.in_flight)
+    return f"restarting {current or 'next pod'} ({len(rs.done)}/{total} done)"
 
 
 def _blocked(plan: Plan, obs: Observed) -> tuple[str, str] | None:
@@ -125,9 +130,9 @@ def _refused_while_running(reason: str, message: str, obs: Observed) -> list[Con
     ready, desired = _running(obs)
     summary = f"{ready}/{desired} replicas ready (previous configuration)"
     ok = desired > 0 and ready >= desired
-    return [Condition("Ready", "True" if ok else "False", "AllReplicasReady" if ok else "ReplicasNotReady", summary),
-            Condition("Progressing", "False", reason, "nothing new is applied until the spec is fixed"),
-            Condition("Degraded", "True", reason, message + REFUSED_NOTE)]
+    return [condition("Ready", "True" if ok else "False", "AllReplicasReady" if ok else "ReplicasNotReady", summary),
+            condition("Progressing", "False", reason, "nothing new is applied until the spec is fixed"),
+            condition("Degraded", "True", reason, message + REFUSED_NOTE)]
 
 
 def _workload(plan: Plan, obs: Observed) -> list[Condition]:
@@ -136,33 +141,33 @@ def _workload(plan: Plan, obs: Observed) -> list[Condition]:
         reason, message = blocked
         if plan.blocked and obs.sts:
             return _refused_while_running(reason, message, obs)
-        return [Condition("Ready", "False", reason, message),
-                Condition("Progressing", "False", reason, "nothing is applied until this is fixed"),
-                Condition("Degraded", "True", reason, message)]
+        return [condition("Ready", "False", reason, message),
+                condition("Progressing", "False", reason, "nothing is applied until this is fixed"),
+                condition("Degraded", "True", reason, message)]
     desired = plan.spec.replicas if plan.spec else 0
     ready = int(((obs.sts or {}).get("status") or {}).get("readyReplicas") or 0)
     summary = f"{ready}/{desired} replicas ready"
-    rs = obs.restart or {}
-    if rs.get("phase") == "Paused":
-        degraded = Condition("Degraded", "True", rs["reason"], rs["message"])
+    rs = obs.restart
+    if rs and rs.phase == "Paused":
+        degraded = condition("Degraded", "True", rs.reason or "", rs.message or "")
     elif obs.pod_problems:
         looping = any(p.reason == CRASH_LOOPING for p in obs.pod_problems)
-        degraded = Condition("Degraded", "True", CRASH_LOOPING if looping else POD_FAILING,
+        degraded = condition("Degraded", "True", CRASH_LOOPING if looping else POD_FAILING,
                              "; ".join(p.message for p in obs.pod_problems))
     else:
-        degraded = Condition("Degraded", "False", "AsExpected", "")
-    if rs.get("phase") == "Rolling":
-        progressing = Condition("Progressing", "True", "RollingRestart", _rollout_message(rs))
+        degraded = condition("Degraded", "False", "AsExpected", "")
+    if rs and rs.phase == "Rolling":
+        progressing = condition("Progressing", "True", "RollingRestart", _rollout_message(rs))
     elif ready < desired:
-        progressing = Condition("Progressing", "True", "WaitingForReplicas", summary)
+        progressing = condition("Progressing", "True", "WaitingForReplicas", summary)
     else:
-        progressing = Condition("Progressing", "False", "AllReplicasReady" if desired else "ScaledToZero", summary)
+        progressing = condition("Progressing", "False", "AllReplicasReady" if desired else "ScaledToZero", summary)
     if desired == 0:
-        ready_c = Condition("Ready", "False", "ScaledToZero", "replicas is 0")
+        ready_c = condition("Ready", "False", "ScaledToZero", "replicas is 0")
     elif ready >= desired:
-        ready_c = Condition("Ready", "True", "AllReplicasReady", summary)
+        ready_c = condition("Ready", "True", "AllReplicasReady", summary)
     else:
-        ready_c = Condition("Ready", "False", "ReplicasNotReady", summary)
+        ready_c = condition("Ready", "False", "ReplicasNotReady", summary)
     return [ready_c, progressing, degraded]
 
 
@@ -172,51 +177,57 @@ def conditions_for(plan: Plan, obs: Observed) -> list[Condition]:
     return [*_validity(plan), *_persistence(plan), *_advisories(plan), *warm, *_workload(plan, obs)]
 
 
-def cache_history(new: Obj, old: Obj | None, keep: int, on_claims: tuple[str, ...] = ()) -> Obj:
+def cache_history(new: sm.Cache | None, old: sm.Cache | None, keep: int, on_claims: tuple[str, ...] = ()
+                  ) -> sm.Cache | None:  # fmt: skip
     """`status.cache` with the earlier fingerprints still kept on the volumes (newest first): the previous
     status's, then any the claims record (a recreated resource starts from those)."""
-    if not new:
-        return {}
-    old = old or {}
-    previous = list(old.get("previousFingerprints") or [])
-    if old.get("fingerprint") and old["fingerprint"] != new["fingerprint"]:
-        previous.insert(0, old["fingerprint"])
-    previous = list(dict.fromkeys(fp for fp in [*previous, *on_claims] if fp != new["fingerprint"]))[:keep]
-    return {**new, "previousFingerprints": previous} if previous else dict(new)
+    if new is None:
+        return None
+    previous = list(old.previous_fingerprints or []) if old else []
+    if old and old.fingerprint and old.fingerprint != new.fingerprint:
+        previous.insert(0, old.fingerprint)
+    previous = list(dict.fromkeys(fp for fp in [*previous, *on_claims] if fp != new.fingerprint))[:keep]
+    return new.model_copy(update={"previous_fingerprints": previous or None})
 
 
-def build_status(plan: Plan, obs: Observed, old: Obj | None, generation: int, now: str) -> Obj:
+def build_status(plan: Plan, obs: Observed, old: sm.QwenHiCacheServerStatus | None, generation: int,
+                 now: str) -> sm.QwenHiCacheServerStatus:
     """The complete new status; identical to `old` when nothing changed (so no write happens)."""
-    old = old or {}
+    old = old or sm.QwenHiCacheServerStatus()
     desired = plan.spec.replicas if plan.spec else 0
     ready = int(((obs.sts or {}).get("status") or {}).get("readyReplicas") or 0)
     if plan.blocked:
         ready, desired = _running(obs)
-    status: Obj = {
-        "observedGeneration": generation,
-        "replicas": desired,
-        "readyReplicas": ready,
-        "replicasSummary": f"{ready}/{desired}",
-        "conditions": merge(conditions_for(plan, obs), old.get("conditions"), generation, now),
-    }
-    status.update({k: v for k, v in _described(plan, obs, old, now).items() if v})
-    return without_nulls(status)
+    return sm.QwenHiCacheServerStatus(
+        observed_generation=generation,
+        replicas=desired,
+        ready_replicas=ready,
+        replicas_summary=f"{ready}/{desired}",
+        conditions=merge(conditions_for(plan, obs), old.conditions, generation, now),
+        restart=obs.restart,
+        admin_secret=obs.admin_secret or old.admin_secret,
+        router=obs.router,
+        **_described(plan, obs, old, now),
+    )
 
 
-def _described(plan: Plan, obs: Observed, old: Obj, now: str) -> Obj:
+def _described(plan: Plan, obs: Observed, old: sm.QwenHiCacheServerStatus, now: str) -> dict:
     """launch/sizing/cache of what runs: the plan's once applied; the last applied ones while a change is refused
     (nothing of a refused spec reaches the cluster, so its sizing would describe pods that do not exist)."""
-    common = {"restart": obs.restart, "adminSecret": obs.admin_secret or old.get("adminSecret"), "router": obs.router}
     if plan.blocked:
-        kept = ("launch", "sizing", "cache", "replicaCache", "cacheSummary")
-        return {**{k: old.get(k) for k in kept}, **common}
+        return {"launch": old.launch, "sizing": old.sizing, "cache": old.cache, "replica_cache": old.replica_cache,
+                "cache_summary": old.cache_summary}
     keep = plan.spec.hicache.disk.keep_old_namespaces if plan.spec else 0
-    cache = cache_history(plan.cache, old.get("cache"), keep, obs.claim_history)
-    return {"launch": plan.launch, "sizing": plan.sizing, "cache": cache, **common,
-            **replica_cache(obs.disk_usage, obs.restart, old, now)}
+    entries, summary = replica_cache(obs.disk_usage, obs.restart, old, now)
+    return {"launch": plan.launch, "sizing": plan.sizing, "replica_cache": entries, "cache_summary": summary,
+            "cache": cache_history(plan.cache, old.cache, keep, obs.claim_history)}
 
 
 # -- Per-replica cache: disk tier use vs cap, namespace age, last restart's restored tokens -----------------
+
+
+def _stamp(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _age(since: int, now: str) -> str:
@@ -225,51 +236,39 @@ def _age(since: int, now: str) -> str:
     return f"{seconds // 86400}d" if seconds >= 86400 else f"{seconds // 3600}h"
 
 
-def _restored(restart: Obj | None) -> dict[str, int]:
-    return {r["pod"]: int(r.get("storageTokens") or 0) for r in (restart or {}).get("results") or []}
+def _entry(pod: str, usage: DiskUsage, now: str) -> sm.ReplicaCache:
+    created = usage.namespace_created_at
+    return sm.ReplicaCache(
+        pod=pod, disk_used_bytes=usage.used_bytes, disk_page_files=usage.page_files, disk_cap_bytes=usage.cap_bytes,
+        disk_used_ratio=usage.used_ratio, old_namespaces_bytes=usage.old_namespaces_bytes,
+        namespace_created=_stamp(created) if created is not None else None,
+        namespace_age=_age(created, now) if created is not None else None)
 
 
-def replica_cache(usage: tuple[tuple[str, Obj | None], ...], restart: Obj | None, old: Obj, now: str) -> Obj:
+def replica_cache(usage: tuple[tuple[str, DiskUsage | None], ...], restart: sm.Restart | None,
+                  old: sm.QwenHiCacheServerStatus, now: str) -> tuple[list[sm.ReplicaCache] | None, str | None]:
     """`replicaCache` (one entry per pod) and the one-line `cacheSummary` for `kubectl get`.
 
     Disk numbers come from each pod's cache-usage sidecar (qwen_hicache.diskusage), the same endpoint
     Prometheus scrapes. A pod that does not answer keeps its previous entry, so a slow sidecar does not
     make the status flap; restored tokens are the pod's last verified restart (status.restart.results).
     """
-    if not usage:
-        return {}
-    before = {e["pod"]: e for e in old.get("replicaCache") or []}
-    restored = _restored(restart)
+    before = {e.pod: e for e in old.replica_cache or []}
+    restored = {r.pod: r.storage_tokens for r in (restart.results if restart else [])}
     entries = []
     for pod, numbers in usage:
-        if not numbers and pod not in before:
+        if numbers is None and pod not in before:
             continue  # no sidecar answer yet (or none at all): say nothing rather than guess
-        entry = {"pod": pod, **({k: v for k, v in numbers.items() if k != "fingerprint"} if numbers else
-                                {k: v for k, v in before.get(pod, {}).items() if k != "pod"})}
-        if "namespaceCreatedAt" in entry and isinstance(entry["namespaceCreatedAt"], int):
-            created = entry.pop("namespaceCreatedAt")
-            entry["namespaceCreated"] = datetime.fromtimestamp(created, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            entry["namespaceAge"] = _age(created, now)
-        if pod in restored:
-            entry["lastRestoredTokens"] = restored[pod]
-        entries.append(entry)
+        entry = _entry(pod, numbers, now) if numbers is not None else before[pod]
+        entries.append(entry.model_copy(update={"last_restored_tokens": restored.get(pod,
+                                                                                    entry.last_restored_tokens)}))
     if not entries:
-        return {}
-    ratios = [e["diskUsedRatio"] for e in entries if "diskUsedRatio" in e]
-    ages = [e["namespaceAge"] for e in entries if "namespaceAge" in e]
+        return None, None
+    ratios = [e.disk_used_ratio for e in entries if e.disk_used_ratio is not None]
+    ages = [e.namespace_age for e in entries if e.namespace_age is not None]
     parts = [f"disk {max(ratios):.0%}" if ratios else "disk ?"]
-    results = [r for r in (restart or {}).get("results") or [] if not r.get("newCacheNamespace")]
-    if results:
-        parts.append(f"{sum(1 for r in results if r.get('warm'))}/{len(results)} warm")
+    if results := _verified(restart):
+        parts.append(f"{sum(1 for r in results if r.warm)}/{len(results)} warm")
     if ages:
         parts.append(f"ns {min(ages, key=lambda a: (a[-1] == 'd', int(a[:-1])))}")
-    return {"replicaCache": entries, "cacheSummary": " | ".join(parts)}
-
-
-def without_nulls(value: Any) -> Any:
-    """Drop null members: a merge patch deletes them, so keeping them would make every compare differ."""
-    if isinstance(value, dict):
-        return {k: without_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list | tuple):
-        return [without_nulls(v) for v in value]
-    return value
+    return entries, " | ".join(parts)

@@ -1,38 +1,42 @@
 """The typed `status`: the CRD's status schema is generated from these models (see crd.py), like the spec's.
 
-Unknown keys are refused (`extra="forbid"`), so a key that build_status writes but the model lacks fails the
-unit tests (tests/test_status_model.py) instead of being pruned silently by the API server. Every field is
-optional: a blocked or brand-new resource has only conditions. Keep these in step with status.py,
-rollout.py (status.restart), router.py/render_router.py (status.router), plan.py (launch, cache),
-sizing.Sizing.as_status (sizing) and diskusage.parse (replicaCache).
+Every module that reports builds these objects (plan: launch and cache; sizing; the rollout: restart; the
+router seam: router; status: the conditions, replicaCache and the whole), and the reconciler serializes the
+result once (`wire()`) to compute the patch. Unknown keys are refused (`extra="forbid"`). Every field is
+optional: a blocked or brand-new resource has only conditions.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, ValidationError, WithJsonSchema
 
+from .conditions import Condition
 from .geometry import Geometry
 from .typed import ApiModel
 
 Obj = dict[str, Any]
+log = logging.getLogger(__name__)
 
 
-class Condition(ApiModel):
-    """One observation in the style of metav1.Condition."""
+def _open_string(values: tuple[str, ...], what: str) -> WithJsonSchema:
+    """A typed name in Python, a plain string in the CRD: a value a newer operator adds must never make the API
+    server refuse the whole status write of an older CRD."""
+    return WithJsonSchema({"type": "string", "description": f"{what}: {', '.join(values)}."})
 
-    type: str
-    """SpecValid, SizingValid, CachePersistent, ImagePinned, CacheWarm, Ready, Progressing or Degraded."""
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    """CamelCase reason, e.g. InvalidSpec, ApplyFailed, PodFailing, CrashLooping, ColdStart."""
-    message: str
-    """What happened and, when something is refused, what keeps running and how to fix it."""
-    observed_generation: int | None = None
-    """metadata.generation this condition was computed for."""
-    last_transition_time: str | None = None
-    """When `status` last flipped (RFC 3339)."""
+
+STEPS = ("Canary", "Delete", "WaitingReady", "Verify")
+PHASES = ("Rolling", "Paused", "Complete")
+Step = Annotated[Literal["Canary", "Delete", "WaitingReady", "Verify"], _open_string(STEPS, "The step")]
+Phase = Annotated[Literal["Rolling", "Paused", "Complete"], _open_string(PHASES, "The phase")]
+
+
+class Record(ApiModel):
+    """A status record a state machine updates in place (the rollout's): mutable, still strict."""
+
+    model_config = ConfigDict(**{**ApiModel.model_config, "frozen": False})
 
 
 class Launch(ApiModel):
@@ -170,13 +174,11 @@ class Cache(ApiModel):
     """Earlier cache namespaces still kept on the volumes, newest first."""
 
 
-class RestartEntry(ApiModel):
+class RestartEntry(Record):
     """A pod being restarted: Canary -> Delete -> WaitingReady -> Verify."""
 
     pod: str
-    step: str
-    """Canary, Delete, WaitingReady or Verify (a string, not an enum: a new step must never make the API server
-    refuse the whole status write)."""
+    step: Step
     uid: str | None = None
     """The uid of the incarnation being replaced (a delete never hits its successor)."""
     since: str | None = None
@@ -196,7 +198,7 @@ class RestartEntry(ApiModel):
     """The last warm-check attempt's failure (retried until podTimeoutSeconds)."""
 
 
-class RestartResult(ApiModel):
+class RestartResult(Record):
     """One pod's warm-start check."""
 
     pod: str
@@ -215,18 +217,17 @@ class RestartResult(ApiModel):
     """The storage counter before the canary (the warm check compares against it)."""
 
 
-class Restart(ApiModel):
+class Restart(Record):
     """The cache-aware rolling restart: its whole state (see rollout.py)."""
 
     id: str
     """The target (config hash / spec.restart) every pod should run."""
-    phase: str
-    """Rolling, Paused or Complete."""
-    pending: list[str] | None = None
+    phase: Phase
+    pending: list[str] = Field(default_factory=list)
     """Pods still to restart, in order."""
-    done: list[str] | None = None
-    in_flight: list[RestartEntry] | None = None
-    results: list[RestartResult] | None = None
+    done: list[str] = Field(default_factory=list)
+    in_flight: list[RestartEntry] = Field(default_factory=list)
+    results: list[RestartResult] = Field(default_factory=list)
     started: str | None = None
     finished: str | None = None
     reason: str | None = None
@@ -287,7 +288,9 @@ class QwenHiCacheServerStatus(ApiModel):
     ready_replicas: int | None = None
     replicas_summary: str | None = None
     """Ready/desired."""
-    conditions: list[Condition] | None = None
+    conditions: Annotated[list[Condition] | None, Field(json_schema_extra={
+        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})] = None
+    """One per type (a list-type map keyed by `type`)."""
     launch: Launch | None = None
     sizing: Sizing | None = None
     cache: Cache | None = None
@@ -303,3 +306,26 @@ class QwenHiCacheServerStatus(ApiModel):
 def validate_status(status: Obj) -> QwenHiCacheServerStatus:
     """Parse a status as stored (camelCase); raises pydantic.ValidationError on an unknown key or bad type."""
     return QwenHiCacheServerStatus.model_validate(status)
+
+
+def read_status(status: Obj | None) -> QwenHiCacheServerStatus:
+    """The stored status, typed. A part that does not parse (written by another operator version) is left out
+    and logged, never fatal: each reconcile rebuilds the status from the cluster anyway."""
+    status = status or {}
+    try:
+        return QwenHiCacheServerStatus.model_validate(status)
+    except ValidationError:
+        pass
+    parts = {}
+    for key, value in status.items():
+        try:
+            QwenHiCacheServerStatus.model_validate({key: value})
+            parts[key] = value
+        except ValidationError as err:
+            log.warning("ignoring status.%s that does not parse: %s", key, err)
+    return QwenHiCacheServerStatus.model_validate(parts)
+
+
+def restart_of(status: Obj | None) -> Restart | None:
+    """Only `status.restart`, typed (the rollout daemon's filter reads nothing else)."""
+    return read_status({"restart": (status or {}).get("restart")}).restart if (status or {}).get("restart") else None

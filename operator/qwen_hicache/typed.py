@@ -23,6 +23,10 @@ class ApiModel(BaseModel):
         """The object as the API server stores it (camelCase, unset optionals left out)."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
+    def explicit(self) -> dict[str, Any]:
+        """camelCase, every field its builder set (None included): what a report shows, unknown as null."""
+        return self.model_dump(by_alias=True, exclude_unset=True, mode="json")
+
 
 def cel(rule: str, message: str) -> dict[str, str]:
     """One CEL rule for `x-kubernetes-validations`; the same rule is enforced in pydantic validators."""

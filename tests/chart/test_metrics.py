@@ -45,8 +45,13 @@ def test_restart_status_changes_count_pods_and_rollouts_once() -> None:
     done = {**one, "phase": "Complete", "finished": "2026-01-01T00:05:00Z", "done": ["qwen-1", "qwen-0"],
             "results": [*one["results"],
                         {"pod": "qwen-0", "warm": False, "storageTokens": 0, "timeToReadySeconds": 50}]}
+    from qwen_hicache.status_model import Restart
+
+    def typed(rs: dict | None) -> Restart | None:
+        return Restart.model_validate(rs) if rs else None
+
     for old, new in ((None, rolling), (rolling, one), (one, one), (one, done), (done, done)):
-        metrics.observe_restart_status(ns, server, old, new, "2026-01-01T00:06:00Z")
+        metrics.observe_restart_status(ns, server, typed(old), typed(new), "2026-01-01T00:06:00Z")
     assert _value("qwen_hicache_pod_restarts_total", namespace=ns, server=server, result="warm") == 1
     assert _value("qwen_hicache_pod_restarts_total", namespace=ns, server=server, result="cold") == 1
     assert _value("qwen_hicache_rollouts_total", namespace=ns, server=server, outcome="complete") == 1
