@@ -8,6 +8,7 @@ import itertools
 from qwen_hicache import group_rollout, rollout
 from qwen_hicache.constants import CONFIG_HASH_ANNOTATION, RESTART_ANNOTATION
 from qwen_hicache.render_lws import GROUP_INDEX_LABEL, WORKER_INDEX_LABEL
+from qwen_hicache.status_model import Restart
 
 NAME, SIZE = "srv", 2
 POLICY = rollout.Policy(max_unavailable=1, timeout_seconds=600, require_warm=True, fingerprint="fp")
@@ -58,9 +59,9 @@ class Lws:
         return group_rollout.group_views(NAME, list(self.pods.values()), SIZE)
 
 
-def step(lws: Lws, rs: dict | None, target: str, now: str, storage: int = 640) -> tuple[dict, list[str]]:
+def step(lws: Lws, rs: Restart | None, target: str, now: str, storage: int = 640) -> tuple[Restart, list[str]]:
     """One reconcile pass: apply the template with the held partition, plan, perform the actions."""
-    if rs is None or rs.get("id") != target:
+    if rs is None or rs.id != target:
         planned, _ = rollout.plan_rollout(rs, lws.views(), target, lws.replicas, POLICY, now)
         lws.apply(target, group_rollout.partition_of(planned, lws.replicas))
     rs, actions = rollout.plan_rollout(rs, lws.views(), target, lws.replicas, POLICY, now)
@@ -100,10 +101,10 @@ def test_groups_roll_from_the_highest_index_down_one_at_a_time_and_come_back_war
         lws.become_ready()
         down = sum(not v.available for v in lws.views())
         assert down <= 1, "more than maxUnavailable groups down"
-        if rs["phase"] == "Complete":
+        if rs.phase == "Complete":
             break
-    assert rs["phase"] == "Complete" and [r["pod"] for r in rs["results"]] == ["srv-2", "srv-1", "srv-0"]
-    assert all(r["warm"] for r in rs["results"])
+    assert rs.phase == "Complete" and [r.pod for r in rs.results] == ["srv-2", "srv-1", "srv-0"]
+    assert all(r.warm for r in rs.results)
     assert lws.recreated == [2, 1, 0]  # each group restarted exactly once
     assert [a for a in seen if a.startswith("delete")] == ["delete:srv-2", "delete:srv-1", "delete:srv-0"]
     assert partitions[0] == 3 and all(a >= b for a, b in itertools.pairwise(partitions))  # only ever down
@@ -125,9 +126,9 @@ def test_a_cold_group_pauses_the_rollout_where_it_is() -> None:
     for i in range(10):
         rs, _ = step(lws, rs, "a/r1", f"2026-01-01T00:{i:02d}:00Z", storage=0)
         lws.become_ready()
-        if rs["phase"] == "Paused":
+        if rs.phase == "Paused":
             break
-    assert rs["phase"] == "Paused" and rs["reason"] == "ColdStart"
+    assert rs.phase == "Paused" and rs.reason == "ColdStart"
     assert lws.recreated == [1] and group_rollout.partition_of(rs, 2) == 1  # group 0 untouched
     rs, done = step(lws, rs, "a/r1", "2026-01-01T00:30:00Z")
     assert done == [] and lws.recreated == [1]
@@ -145,7 +146,7 @@ def test_a_pass_replayed_after_an_operator_crash_releases_nothing_twice() -> Non
     for i in range(3, 20):
         rs, _ = step(lws, rs, "a/r1", f"2026-01-01T00:{i:02d}:00Z")
         lws.become_ready()
-    assert rs["phase"] == "Complete" and lws.recreated == [1, 0]
+    assert rs.phase == "Complete" and lws.recreated == [1, 0]
 
 
 def test_a_worker_recreated_without_its_group_is_found() -> None:

@@ -10,8 +10,7 @@ import pytest
 from qwen_hicache import podlifecycle, render, render_lws
 from qwen_hicache.cli import offline_meta
 from qwen_hicache.plan import parse_spec
-from qwen_hicache.sizing import compute_sizing
-from resources import variant
+from resources import derived, variant
 
 DOC = variant(**{"spec.nodesPerReplica": 2, "spec.runtime.tensorParallelSize": 4,
                  "spec.hicache.hostMemoryPerRankGB": 16, "spec.replicas": 2,
@@ -19,10 +18,7 @@ DOC = variant(**{"spec.nodesPerReplica": 2, "spec.runtime.tensorParallelSize": 4
 
 
 def lws(doc: dict = DOC, partition: int = 0) -> dict:
-    spec = parse_spec(doc["spec"])
-    sizing = compute_sizing(spec).launch_sizing()
-    layout = render.cache_layout(spec, sizing)
-    return render_lws.get_leaderworkerset(offline_meta(doc), spec, sizing, layout, partition)
+    return render_lws.get_leaderworkerset(offline_meta(doc), derived(doc), partition)
 
 
 def containers(pod: dict) -> dict[str, dict]:

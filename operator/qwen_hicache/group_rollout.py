@@ -24,13 +24,13 @@ leader turned Ready); the shell deletes the leader (uid precondition), and LWS r
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from .render_lws import GROUP_INDEX_LABEL, WORKER_INDEX_LABEL
 from .rollout import PodView
+from .status_model import Restart
 
 Obj = dict[str, Any]
 MIXED = ""
@@ -79,21 +79,19 @@ def group_index(group_name: str) -> int:
     return int(group_name.rsplit("-", 1)[-1])
 
 
-def partition_of(rs: Obj | None, replicas: int) -> int:
+def partition_of(rs: Restart | None, replicas: int) -> int:
     """The LWS partition the operator holds: groups below it keep their revision.
 
     No rollout, or a finished one: 0 (every group at the current revision). A rollout in progress: the lowest
     group it released, else `replicas` (a new template is applied with nothing released)."""
-    if not rs or rs.get("phase") == "Complete":
+    if not rs or rs.phase == "Complete":
         return 0
-    return max(0, min(int(rs.get("partition", replicas)), replicas))
+    return max(0, min(replicas if rs.partition is None else rs.partition, replicas))
 
 
-def released(rs: Obj, group_name: str, replicas: int) -> Obj:
+def released(rs: Restart, group_name: str, replicas: int) -> Restart:
     """Record that the group is released: the partition goes down to its index (never up)."""
-    rs = copy.deepcopy(rs)
-    rs["partition"] = min(partition_of(rs, replicas), group_index(group_name))
-    return rs
+    return rs.model_copy(deep=True, update={"partition": min(partition_of(rs, replicas), group_index(group_name))})
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from . import launch, podlifecycle, render
+from . import podlifecycle, render
+from .derive import Derived
 from .rollout import allowed_down
 from .spec import QwenHiCacheServerSpec
 
@@ -95,11 +96,11 @@ def _worker(leader: Obj) -> Obj:
     return worker
 
 
-def get_leaderworkerset(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.LaunchSizing,
-                        layout: render.CacheLayout, partition: int) -> Obj:
-    """The server's LeaderWorkerSet; `sizing` is per node (its ranks); `partition`: groups below it keep their
-    revision (the operator lowers it group by group, from the highest index down)."""
-    template = render.get_pod_template(meta, spec, sizing, layout)
+def get_leaderworkerset(meta: Obj, d: Derived, partition: int) -> Obj:
+    """The server's LeaderWorkerSet; `partition`: groups below it keep their revision (the operator lowers it
+    group by group, from the highest index down)."""
+    spec = d.spec
+    template = render.get_pod_template(meta, d)
     leader = _leader(template, spec)
     lwt: Obj = {
         "size": spec.nodes,
@@ -107,7 +108,7 @@ def get_leaderworkerset(meta: Obj, spec: QwenHiCacheServerSpec, sizing: launch.L
         "leaderTemplate": leader,
         "workerTemplate": _worker(leader),
     }
-    claims = render._claim_templates(meta, spec, sizing)
+    claims = render._claim_templates(meta, spec, d.launch)
     if claims:
         lwt["volumeClaimTemplates"] = claims
         lwt["persistentVolumeClaimRetentionPolicy"] = {"whenDeleted": "Retain", "whenScaled": "Retain"}

@@ -234,6 +234,9 @@ class Restart(Record):
     """Why the rollout paused (only while Paused)."""
     message: str | None = None
     """What a human must do to resume (only while Paused)."""
+    partition: int | None = None
+    """Multi-node servers: the LeaderWorkerSet partition the operator holds in this rollout (groups below it
+    keep their revision); it only goes down within a rollout."""
 
 
 class RouterWorker(ApiModel):

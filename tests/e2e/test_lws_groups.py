@@ -19,8 +19,8 @@ from kubernetes import client
 from qwen_hicache import engine, group_rollout, render, render_lws, rollout
 from qwen_hicache.cli import offline_meta
 from qwen_hicache.plan import parse_spec
-from qwen_hicache.sizing import compute_sizing
-from resources import variant
+from qwen_hicache.status_model import Restart
+from resources import derived, variant
 
 from harness.sim.cluster import SimCluster
 
@@ -40,17 +40,14 @@ class Shell:
 
     def __init__(self, api: client.ApiClient, ns: str) -> None:
         self.custom, self.core, self.ns = client.CustomObjectsApi(api), client.CoreV1Api(api), ns
-        self.rs: dict | None = None
+        self.rs: Restart | None = None
         self.prompt = rollout.canary_prompt(NAME)
-        spec = parse_spec(_doc()["spec"])
-        fingerprint = render.cache_layout(spec, compute_sizing(spec).launch_sizing()).fingerprint
+        fingerprint = derived(_doc()).layout.fingerprint
         self.policy = rollout.Policy(max_unavailable=1, timeout_seconds=240, require_warm=True, fingerprint=fingerprint)
 
     def render(self, doc: dict, partition: int) -> dict:
-        spec = parse_spec(doc["spec"])
-        sizing = compute_sizing(spec).launch_sizing()
         meta = {**offline_meta(doc), "namespace": self.ns}
-        obj = render_lws.get_leaderworkerset(meta, spec, sizing, render.cache_layout(spec, sizing), partition)
+        obj = render_lws.get_leaderworkerset(meta, derived(doc), partition)
         obj["metadata"].pop("ownerReferences")  # no QwenHiCacheServer object here: nothing must collect it
         return obj
 
@@ -99,10 +96,10 @@ class Shell:
         seen, deadline = [], time.monotonic() + timeout
         while time.monotonic() < deadline:
             seen += self.step(doc, target, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-            if self.rs and self.rs["phase"] in until:
+            if self.rs and self.rs.phase in until:
                 return seen
             time.sleep(0.5)
-        raise TimeoutError(f"rollout {restart} still {self.rs and self.rs.get('phase')}: {self.rs}; did {seen}")
+        raise TimeoutError(f"rollout {restart} still {self.rs and self.rs.phase}: {self.rs}; did {seen}")
 
 
 @pytest.fixture
@@ -139,9 +136,9 @@ def test_groups_roll_one_at_a_time_warm_from_their_own_claims_and_a_lost_volume_
 
     seen = shell.roll("r1", until=("Complete", "Paused"))
     rs = shell.rs
-    assert rs["phase"] == "Complete", rs
-    assert [r["pod"] for r in rs["results"]] == ["flash-next-1", "flash-next-0"]  # highest group first
-    assert all(r["warm"] and r["storageTokens"] > 0 for r in rs["results"]), rs["results"]
+    assert rs.phase == "Complete", rs
+    assert [r.pod for r in rs.results] == ["flash-next-1", "flash-next-0"]  # highest group first
+    assert all(r.warm and r.storage_tokens > 0 for r in rs.results), rs.results
     assert [a for a in seen if a.startswith("delete")] == ["delete:flash-next-1", "delete:flash-next-0"]
     after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in shell.pods()}
     assert all(after[n] != before[n] for n in before)  # every pod of every group restarted
@@ -157,8 +154,8 @@ def test_groups_roll_one_at_a_time_warm_from_their_own_claims_and_a_lost_volume_
                 f.unlink()
     shell.roll("r2", until=("Complete", "Paused"))
     rs = shell.rs
-    assert rs["phase"] == "Paused" and rs["reason"] == "ColdStart", rs
-    assert rs["results"][-1]["pod"] == "flash-next-1" and not rs["results"][-1]["warm"]
+    assert rs.phase == "Paused" and rs.reason == "ColdStart", rs
+    assert rs.results[-1].pod == "flash-next-1" and not rs.results[-1].warm
     assert group_rollout.partition_of(rs, REPLICAS) == 1  # group 0 is left alone
     assert sim.record(namespace, "flash-next-0").incarnations == 2
 
