@@ -233,6 +233,8 @@ def generate(port: int, text: str, max_new: int, top: int = 20) -> dict:
     ttft, last = None, None
     if "event-stream" not in (resp.getheader("Content-Type") or ""):  # an engine that does not stream
         last, ttft = json.loads(resp.read()), time.time() - t
+    toks: list = []
+    tops: list = []
     for raw in resp if last is None else []:
         line = raw.decode().strip()
         if not line.startswith("data:") or line == "data: [DONE]":
@@ -240,14 +242,27 @@ def generate(port: int, text: str, max_new: int, top: int = 20) -> dict:
         if ttft is None:
             ttft = time.time() - t
         last = json.loads(line[5:])
+        m = last.get("meta_info") or {}
+        toks = _accumulate(toks, m.get("output_token_logprobs") or [])
+        tops = _accumulate(tops, m.get("output_top_logprobs") or [])
+    if not toks:  # not streamed
+        m = last.get("meta_info") or {}
+        toks, tops = m.get("output_token_logprobs") or [], m.get("output_top_logprobs") or []
     meta = last["meta_info"]
-    ids = meta.get("output_ids") or last.get("output_ids") or [x[1] for x in meta.get("output_token_logprobs", [])]
-    ids = ids or list(last.get("text", "").encode())
-    tops = meta.get("output_top_logprobs") or [[]]
-    first = {int(tid): float(lp) for lp, tid, *_ in (tops[0] or [])}
+    ids = last.get("output_ids") or meta.get("output_ids")
+    if not ids or len(ids) != len(toks):
+        ids = [x[1] for x in toks] or ids or list(last.get("text", "").encode())
+    first = {int(tid): float(lp) for lp, tid, *_ in ((tops[0] if tops else None) or [])}
     return {"ttft_s": ttft, "total_s": time.time() - t, "ids": [int(i) for i in ids], "first_top": first,
             "prompt_tokens": meta.get("prompt_tokens"), "cached": meta.get("cached_tokens_details") or {},
             "cached_tokens": meta.get("cached_tokens")}  # fmt: skip
+
+
+def _accumulate(have: list, chunk: list) -> list:
+    """Streamed per-token lists arrive either whole so far (cumulative) or as the new tokens only."""
+    if len(chunk) >= len(have) and chunk[: len(have)] == have:
+        return list(chunk)
+    return have + list(chunk)
 
 
 def metrics(port: int) -> str:
