@@ -156,3 +156,19 @@ def test_a_worker_recreated_without_its_group_is_found() -> None:
     lone = group_rollout.lone_workers(pods)
     assert [(w.group, w.leader, w.worker) for w in lone] == [(1, "srv-1", "srv-1-1")]
     assert lone[0].leader_uid == pods[2]["metadata"]["uid"]
+
+
+def test_status_names_every_group_its_ready_nodes_their_disks_and_the_last_warm_check() -> None:
+    from qwen_hicache import group_status
+
+    pods = [pod(0, 0, "a/"), pod(0, 1, "a/"), pod(1, 0, "a/"), pod(1, 1, "a/", ready=False)]
+    usage = {"srv-0": {"diskUsedBytes": 10, "diskCapBytes": 100, "diskUsedRatio": 0.1, "fingerprint": "x"},
+             "srv-0-1": {"diskUsedBytes": 20, "diskCapBytes": 100, "diskUsedRatio": 0.2}, "srv-1-1": None}
+    restart = {"results": [{"pod": "srv-0", "warm": True, "storageTokens": 4096}]}
+    entries = group_status.group_entries(NAME, pods, SIZE, 3, usage, restart)
+    assert [(e["group"], e["readyNodes"]) for e in entries] == [(0, 2), (1, 1), (2, 0)]
+    assert entries[0]["nodes"][1] == {"node": 1, "pod": "srv-0-1", "ready": True, "diskUsedBytes": 20,
+                                      "diskCapBytes": 100, "diskUsedRatio": 0.2}  # fmt: skip
+    assert entries[0]["lastRestart"] == {"warm": True, "storageTokens": 4096}
+    assert entries[2]["nodes"][0] == {"node": 0, "pod": "srv-2", "ready": False}
+    assert group_status.groups_summary(entries, SIZE) == "1/3 groups of 2 nodes ready"

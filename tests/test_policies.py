@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from qwen_hicache.cli import offline_meta
+from qwen_hicache.plan import plan
 from qwen_hicache.policies import evaluate
 from resources import derived, example, variant
 
@@ -66,3 +68,11 @@ def test_speculative_settings_the_runtime_rewrites_are_refused() -> None:
     doc = variant(**{"spec.runtime.speculative": {"numSteps": 3, "numDraftTokens": 8, "eagleTopk": 1}})
     problems = evaluate(derived(doc))
     assert problems[0].reason == "SpeculativeRewritten" and "numDraftTokens: 4" in problems[0].message
+
+
+def test_a_multi_node_server_is_refused_until_groups_are_rendered() -> None:
+    doc = variant(**{"spec.nodesPerReplica": 2})
+    p = plan(offline_meta(doc), doc["spec"])
+    assert p.blocked and not p.objects
+    assert [x.reason for x in p.problems] == ["MultiNodeNotSupported"]
+    assert "nothing is applied" in p.problems[0].message

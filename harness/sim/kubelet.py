@@ -276,13 +276,15 @@ class PodProcesses:
         return argv, env
 
     def ready(self, timeout: float = 0.5) -> bool:
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return False
-        probe = (self.container.get("readinessProbe") or {}).get("httpGet")  # the path it declares, /ready or not
-        if not probe:
-            return True
-        return self._http_ok(_probe_port(self.container, probe["port"]), probe.get("path", "/"), timeout)
+        """Every container running and passing its own httpGet readiness probe (the path it declares; none: ready)."""
+        for c in self.containers:
+            proc = self.procs.get(c["name"])
+            if proc is None or proc.poll() is not None:
+                return False
+            probe = (c.get("readinessProbe") or {}).get("httpGet")
+            if probe and not self._http_ok(_probe_port(c, probe["port"]), probe.get("path", "/"), timeout):
+                return False
+        return True
 
     def _http_ok(self, port: int, path: str, timeout: float) -> bool:
         try:
