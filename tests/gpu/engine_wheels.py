@@ -30,14 +30,15 @@ PIECE = 60 << 20
 PLATFORMS = ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x86_64",
              "manylinux_2_24_x86_64", "manylinux_2_18_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")  # fmt: skip
-# sglang-kernel 0.4.10 is 373 MB; these files are loaded only by modules the engine run's backends never import
-# (sgl_kernel/flash_attn.py loads flash_ops, flash_mla.py loads flashmla_ops; sm100/ is Blackwell's build of
-# common_ops, while the H200 (sm90) loads sm90/common_ops.abi3.so through load_utils). What stays is 16 MB.
+# sglang-kernel 0.4.10 is 373 MB; these files are loaded only by modules the engine run never imports
+# (flash_mla.py loads flashmla_ops, MLA models only; sm100/ is Blackwell's build of common_ops, while the H200
+# (sm90) loads sm90/common_ops.abi3.so through load_utils). flash_ops.abi3.so (FA3, 326 MiB of the wheel) stays:
+# the QSA paged-attention call goes to it (tests/gpu/shim/flash_attn). What stays is 342 MB.
 SLIM = {
     "wheel": "sglang_kernel-0.4.10-cp310-abi3-manylinux2014_x86_64.whl",
-    "remove": ["sgl_kernel/flash_ops.abi3.so", "sgl_kernel/flashmla_ops.abi3.so", "sgl_kernel/sm100/"],
+    "remove": ["sgl_kernel/flashmla_ops.abi3.so", "sgl_kernel/sm100/"],
 }
-SLIM_SHA256 = "150785b7cfbda58d0ab66869ffb6e0e9c3a5ca476e7ad8939916112f1c73cd72"
+SLIM_SHA256 = "cd75971e0f4dbd5f3ba5604d0c884edf7d5d2f8daddcd566c5298186e5df32db"
 LINE = re.compile(r"^(?P<name>[a-z0-9][a-z0-9.-]*)==(?P<version>\S+) --hash=sha256:(?P<sha>[0-9a-f]{64})"
                   r"  # (?P<file>\S+\.whl)$")
 

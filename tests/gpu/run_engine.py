@@ -621,6 +621,8 @@ def sequence(args, report: dict) -> None:
         ln)][:80]  # fmt: skip
     report["host_pool"]["allocation_log"] = [ln[-200:] for ln in s2.tail(100000).splitlines()
                                              if "Allocating" in ln and "host memory" in ln][:8]  # fmt: skip
+    report["flash_attn_stand_in"] = [ln[-160:] for ln in s2.tail(100000).splitlines()
+                                     if "flash_attn stand-in" in ln][:2]  # fmt: skip
     report["memory"] = {"limit_bytes": p["memory_limit"], "shm_limit_bytes": p["shm_limit"],
                         "peak_cold": s1.peak, "peak_warm": dict(s2.peak),
                         "held": max(s1.peak["rss_bytes"], s2.peak["rss_bytes"]) <= p["memory_limit"]
