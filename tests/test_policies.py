@@ -76,3 +76,11 @@ def test_a_multi_node_server_is_refused_until_groups_are_rendered() -> None:
     assert p.blocked and not p.objects
     assert [x.reason for x in p.problems] == ["MultiNodeNotSupported"]
     assert "nothing is applied" in p.problems[0].message
+
+
+def test_a_groups_flags_are_the_operators_under_any_spelling() -> None:
+    doc = variant(**{"spec.runtime.extraArgs": ["--nnodes", "2", "--node-rank=1", "--nccl-init-addr", "h:1"]})
+    problems = evaluate(derived(doc))
+    assert problems[0].reason == "ManagedFlagInExtraArgs"
+    for flag in ("--dist-init-addr", "--nnodes", "--node-rank"):
+        assert flag in problems[0].message

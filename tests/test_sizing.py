@@ -18,7 +18,7 @@ from qwen_hicache.launch import MEMORY_FLAGS, launch_args
 from qwen_hicache.sizing import GIB, SizingError, check_fit, compute_sizing
 from qwen_hicache.sizing_report import render_table
 from qwen_hicache.spec import QwenHiCacheServerSpec
-from resources import derived
+from resources import derived, variant
 
 ROOT = Path(__file__).parent.parent
 HF = Path(__file__).parent / "data" / "hf"
@@ -377,3 +377,31 @@ def test_a_cap_that_implies_millions_of_files_is_warned_about():
     assert s.disk_files is not None and s.disk_files.files > 2_000_000
     assert any("ENOSPC" in n and "page files per rank" in n for n in s.notes)
     assert not s.problems  # a warning, not a refusal
+
+
+def test_a_pod_of_a_multi_node_replica_is_sized_for_its_own_ranks() -> None:
+    """Per-rank pools follow the whole TP size (its head split); the pod's memory, shm, disk volume and flush
+    budget count only the ranks on that pod: tensorParallelSize / nodesPerReplica."""
+    from qwen_hicache import derive as derive_mod
+    from qwen_hicache.fingerprint import fingerprint_inputs
+    from qwen_hicache.geometry import resolve_geometry
+    from qwen_hicache.plan import parse_spec
+
+    base = {"spec.runtime.tensorParallelSize": 4, "spec.hicache.hostMemoryPerRankGB": 16,
+            "spec.hicache.disk": {"enabled": True, "capPerRank": "100Gi"}}  # fmt: skip
+    one, two = (parse_spec(variant(**base, **extra)["spec"]) for extra in ({}, {"spec.nodesPerReplica": 2}))
+    s1, s2 = compute_sizing(one), compute_sizing(two)
+    assert s1.host == s2.host and s1.shapes == s2.shapes  # the same ranks, wherever they run
+    terms1, terms2 = ({t.name: t.bytes for t in s.terms} for s in (s1, s2))
+    assert terms2["hostPools"] == 2 * s2.host.total_bytes and terms1["hostPools"] == 4 * s1.host.total_bytes
+    assert s2.pod_ranks == 2 and s2.pod_memory_limit_bytes < s1.pod_memory_limit_bytes
+    assert s2.shm_bytes < s1.shm_bytes
+    assert s2.disk.cap_bytes_per_rank == s1.disk.cap_bytes_per_rank
+    assert s2.disk.volume_bytes < s1.disk.volume_bytes  # two ranks' caps per volume, not four
+    assert s2.as_status().host_bytes_per_pod == 2 * s2.host.total_bytes
+    g = resolve_geometry(two.model)
+    assert "nodes" not in fingerprint_inputs(one, g)
+    assert fingerprint_inputs(two, g)["nodes"] == 2 and fingerprint_inputs(two, g)["ranksPerNode"] == 2
+    d1, d2 = derive_mod.derive(one, g), derive_mod.derive(two, g)
+    assert d2.layout.drain.flush_seconds <= d1.layout.drain.flush_seconds
+    assert d1.layout.fingerprint != d2.layout.fingerprint

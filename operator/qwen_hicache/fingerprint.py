@@ -9,7 +9,8 @@ Inputs (documented in the README; `FINGERPRINT_VERSION` changes when this list c
 runtime image (digest when given by digest) and runtime parent + patch series, model revision, served
 name, resolved geometry, dtype, quantization, KV cache dtype, Mamba SSM and conv dtypes, page size,
 memory layout, IO backend, speculative algorithm and draft layers, TP and PP size, and any extra runtime
-flag that overrides the model's configuration.
+flag that overrides the model's configuration; across nodes also the node count and the ranks per node (the same
+TP size split otherwise would put ranks on volumes that lack their files: cold by design, said so).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def fingerprint_inputs(spec: QwenHiCacheServerSpec, geometry: Geometry | None = 
         "tensorParallelSize": rt.tensor_parallel_size,
         "pipelineParallelSize": 1,
         "modelOverrides": _extra_overrides(rt.extra_args),
+        **({"nodes": spec.nodes, "ranksPerNode": rt.tensor_parallel_size // spec.nodes} if spec.nodes > 1 else {}),
     }
 
 

@@ -138,8 +138,10 @@ def launch_args(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> list[str]:
     return [*managed_args(spec, sizing), *spec.runtime.extra_args]
 
 
+GROUP_FLAGS = ("--nnodes", "--node-rank", "--dist-init-addr")
+"""A multi-node group's flags (render_lws sets them on every pod of a group)."""
 ALWAYS_MANAGED = frozenset({"--hicache-storage-backend", "--hicache-ratio", "--hicache-size",
-                            "--hicache-mamba-host-slots", *MEMORY_FLAGS})
+                            "--hicache-mamba-host-slots", *MEMORY_FLAGS, *GROUP_FLAGS})
 """Flags the operator owns whether or not it renders them for this spec (extra args may not set them)."""
 
 

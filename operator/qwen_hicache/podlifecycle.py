@@ -85,10 +85,11 @@ class DrainPlan:
 
 
 def drain_plan(spec: QwenHiCacheServerSpec, host_bytes_per_rank: int, write_bytes_per_second: int) -> DrainPlan:
-    """Grace = longest request + flushing every rank's full host pool at the assumed rate + shutdown."""
+    """Grace = longest request + flushing every rank's full host pool at the assumed rate + shutdown (a pod's
+    ranks: across nodes every node writes its own ranks' pages to its own volume, at the same time)."""
     drain = spec.runtime.max_request_seconds
     flush = 0
     if spec.hicache.disk.enabled:
-        total = host_bytes_per_rank * spec.runtime.tensor_parallel_size
+        total = host_bytes_per_rank * (spec.runtime.tensor_parallel_size // spec.nodes)  # this pod's ranks
         flush = max(10, math.ceil(total / max(1, write_bytes_per_second)))
     return DrainPlan(drain, flush, drain + flush + SHUTDOWN_SECONDS)

@@ -481,9 +481,15 @@ def _volume_for(cap: int, tp: int) -> int:
     return _round_up(math.ceil(cap * tp / (1 - DISK_HEADROOM_FRACTION)), GIB)
 
 
+def ranks_per_pod(spec: QwenHiCacheServerSpec) -> int:
+    """TP ranks on one pod: every rank on a single node, a node's share (`tp / nodesPerReplica`) across nodes."""
+    return spec.runtime.tensor_parallel_size // spec.nodes
+
+
 def size_disk(spec: QwenHiCacheServerSpec, min_cap: int) -> Disk:
-    """Cap from the volume, the volume from the cap, or both checked against each other."""
-    d, tp = spec.hicache.disk, spec.runtime.tensor_parallel_size
+    """Cap from the volume, the volume from the cap, or both checked against each other. A volume is one pod's,
+    holding the caps of the ranks on that pod (all of them, or a node's share when nodesPerReplica > 1)."""
+    d, tp = spec.hicache.disk, ranks_per_pod(spec)
     if not d.enabled:
         return Disk(None, None)
     usable = 1 - DISK_HEADROOM_FRACTION
@@ -533,6 +539,12 @@ class Sizing:
     disk_files: DiskFiles | None = None
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    ranks_per_pod: int = 0
+    """TP ranks one pod runs: all of them, or `tensorParallelSize / nodesPerReplica` across nodes (0: all)."""
+
+    @property
+    def pod_ranks(self) -> int:
+        return self.ranks_per_pod or self.tensor_parallel_size
 
     @property
     def pod_memory_request_bytes(self) -> int:
@@ -597,7 +609,7 @@ class Sizing:
             host_index_bytes_per_rank=host.index_bytes,
             host_mamba_bytes_per_rank=host.mamba_bytes,
             host_bytes_per_rank=host.total_bytes,
-            host_bytes_per_pod=host.total_bytes * self.tensor_parallel_size,
+            host_bytes_per_pod=host.total_bytes * self.pod_ranks,
             coverage_kv_tokens_per_mamba_slot=self.kv_tokens_per_mamba_slot,
             coverage_restorable_kv_tokens_per_rank=self.restorable_kv_tokens,
             coverage_fraction=round(self.restorable_kv_tokens / host.kv_tokens, 4) if host.kv_tokens else 0.0,
@@ -619,7 +631,7 @@ def check_fit(sizing: Sizing, node_allocatable_bytes: int | None) -> list[str]:
     """Problems when the pod cannot fit a node's allocatable memory; each names the numbers and the fix."""
     if node_allocatable_bytes is None or sizing.pod_memory_limit_bytes <= node_allocatable_bytes:
         return []
-    tp = sizing.tensor_parallel_size
+    tp = sizing.pod_ranks
     scaling = ("hostPools", "rankBudgetCheck", "margin")
     fixed = sum(t.bytes for t in sizing.terms if t.name not in scaling)
     pools = sum(t.bytes for t in sizing.terms if t.name in scaling[:2])
@@ -717,8 +729,9 @@ def compute_sizing(spec: QwenHiCacheServerSpec, g: Geometry | None = None) -> Si
     shapes = rank_shapes(g, tp, kv_dtype, ssm_dtype, rt.speculative is not None, page)
     dev = device_pools(spec, g, shapes)
     host = host_pools(spec, dev, shapes)
-    shm = shm_bytes(tp)
-    terms = memory_terms(tp, host, g, shm)
+    pod_ranks = ranks_per_pod(spec)  # the pod-level terms count this pod's ranks; per-rank shapes use all of TP
+    shm = shm_bytes(pod_ranks)
+    terms = memory_terms(pod_ranks, host, g, shm)
     limit = _round_up(sum(t.bytes for t in terms), GIB)
     disk = size_disk(
         spec, page * shapes.kv_bytes_per_token + shapes.index_bytes_per_page + shapes.mamba_bytes_per_slot
@@ -744,4 +757,5 @@ def compute_sizing(spec: QwenHiCacheServerSpec, g: Geometry | None = None) -> Si
         files,
         problems=list(disk.problems),
         notes=[*_input_notes(spec, g), *_notes(dev, host), *([files.warning] if files and files.warning else [])],
+        ranks_per_pod=pod_ranks if spec.nodes > 1 else 0,
     )
