@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 HERE = Path(__file__).resolve().parent
 GO_DIR = HERE / "go"
@@ -66,6 +66,7 @@ LWS_CONFIG_FILES = (
 )
 
 Log = Callable[[str], None]
+T = TypeVar("T")
 
 
 class DevClusterError(RuntimeError):
@@ -157,24 +158,25 @@ def ensure_built(cache_dir: Path | str | None = None, log: Log = print) -> Binar
 
     Raises BuildError (with the log path and its tail) if the build or a version check fails: never skips.
     """
-    bins = binaries(cache_dir)
-    if _ready(bins):
-        return bins
-    with file_lock(default_cache_dir(cache_dir) / "build.lock", log, "building the Kubernetes control plane"):
-        if not _ready(bins):
-            _build(bins, log)
-    return bins
+    return _cached(binaries(cache_dir), _ready, _build, cache_dir, "build.lock",
+                   "building the Kubernetes control plane", log)  # fmt: skip
 
 
 def ensure_lws_built(cache_dir: Path | str | None = None, log: Log = print) -> LwsBuild:
     """The cached LeaderWorkerSet controller, building it first if needed (about 4 minutes cold on 2 cores)."""
-    lws = lws_build(cache_dir)
-    if _lws_ready(lws):
-        return lws
-    with file_lock(default_cache_dir(cache_dir) / "build-lws.lock", log, "building the LeaderWorkerSet controller"):
-        if not _lws_ready(lws):
-            _build_lws(lws, log)
-    return lws
+    return _cached(lws_build(cache_dir), _lws_ready, _build_lws, cache_dir, "build-lws.lock",
+                   "building the LeaderWorkerSet controller", log)  # fmt: skip
+
+
+def _cached(target: T, ready: Callable[[T], bool], build: Callable[[T, Log], None], cache_dir: Path | str | None,
+            lock: str, what: str, log: Log) -> T:  # fmt: skip
+    """`target` once `build` made it, under a file lock so concurrent callers (pytest workers, a demo) share one."""
+    if ready(target):
+        return target
+    with file_lock(default_cache_dir(cache_dir) / lock, log, what):
+        if not ready(target):
+            build(target, log)
+    return target
 
 
 def _lws_ready(lws: LwsBuild) -> bool:
