@@ -55,7 +55,7 @@ WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollectio
 def open_cluster() -> tuple[DevCluster, str]:
     """A real control plane logging every request to the API server's audit log."""
     quiet = lambda msg: None  # noqa: E731 - DevCluster's chatter would break the table
-    return DevCluster(request_log=True, log=quiet), "kube-apiserver audit log, DevCluster(request_log=True)"
+    return DevCluster(request_log=True, lws=False, log=quiet), "kube-apiserver audit log, DevCluster(request_log=True)"
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,7 @@ def run(servers: int, timeout: float, workdir: Path, repo: Path = REPO) -> dict[
     """One fresh cluster, nodes and operator (of checkout `repo`): a rollout alone, then `servers` at once."""
     workdir.mkdir(parents=True, exist_ok=True)
     quiet = lambda msg: None  # noqa: E731 - DevCluster's chatter would break the table
-    with DevCluster(log=quiet) as cluster:
+    with DevCluster(lws=False, log=quiet) as cluster:  # single-node servers: no LWS controller in the measurement
         api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
         install_crd(api)
         client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})

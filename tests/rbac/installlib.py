@@ -90,8 +90,9 @@ class OperatorPod:
 
 @contextlib.contextmanager
 def audited_cluster(root: Path) -> Iterator[tuple[DevCluster, SimCluster]]:
-    """A fresh control plane that records every request (who, verb, resource, namespace), with two nodes."""
-    with DevCluster(request_log=True, log=lambda _: None) as cluster, \
+    """A fresh control plane that records every request (who, verb, resource, namespace), with two nodes (no
+    LeaderWorkerSet controller: the chart needs none, and its requests would only fill the log)."""
+    with DevCluster(request_log=True, lws=False, log=lambda _: None) as cluster, \
             SimCluster(admin_api(cluster), root / "volumes") as sim:
         yield cluster, sim
 
