@@ -6,7 +6,9 @@ import json
 from typing import Any
 
 import pytest
+from fakekube import FakeKube
 from qwen_hicache import render_router, router
+from qwen_hicache.gather import Live
 from qwen_hicache.status_model import Restart, Router
 
 from harness.sim.routerlab import lab_spec
@@ -14,25 +16,22 @@ from harness.sim.routerlab import lab_spec
 META = {"name": "chat", "namespace": "lab", "uid": "u-1"}
 
 
-class FakeKube:
+class Harness:
+    """The router seam against the fake API server: the gathered children (`live`) and the router's pods."""
+
     def __init__(self, router_pods: list[dict] | None = None) -> None:
-        self.objects: dict[tuple[str, str], dict] = {}
+        self.kube, self.live = FakeKube(), Live()
         self.router_pods = router_pods or []
 
-    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
-        return self.objects.get((kind, name))
-
-    def apply(self, obj: dict) -> dict:
-        self.objects[(obj["kind"], obj["metadata"]["name"])] = obj
-        return obj
-
-    def list(self, api_version: str, kind: str, namespace: str, selector: dict) -> list[dict]:
-        assert selector == render_router.router_selector("chat")
-        return self.router_pods
-
     def listed(self) -> list[str]:
-        cm = self.objects[("ConfigMap", render_router.manifest_name("chat"))]
+        cm = self.kube.find("ConfigMap", render_router.manifest_name("chat"), "lab")
         return [w["id"] for w in json.loads(cm["data"][render_router.MANIFEST_KEY])["workers"]]
+
+    def ready_to_delete(self, spec: object, rs: Restart, pod: str) -> bool:
+        return router.ready_to_delete(self.kube, self.live, META, spec, rs, pod, self.router_pods)
+
+    def sync(self, spec: object, rs: Restart | None, previous: Router | None = None) -> Router | None:
+        return router.sync(self.kube, self.live, META, spec, rs, self.router_pods, previous)
 
 
 def _rs(*in_flight: tuple[str, str], done: tuple[str, ...] = ()) -> Restart:
@@ -54,37 +53,38 @@ def test_drained_pods_are_those_past_their_canary() -> None:
 
 def test_before_delete_writes_the_manifest_without_the_pod_and_waits_for_every_router(monkeypatch) -> None:
     spec = lab_spec(3)
-    kube = FakeKube([_router_pod("10.0.0.9")])
+    h = Harness([_router_pod("10.0.0.9")])
     answers = {"chat-0": "ready", "chat-1": "ready", "chat-2": "ready"}
     monkeypatch.setattr(router, "router_workers", lambda ip, port: dict(answers))
     rs = _rs(("chat-2", "Delete"))
-    assert not router.ready_to_delete(kube, META, spec, rs, "chat-2")  # the router has not re-read the file yet
-    assert kube.listed() == ["chat-0", "chat-1"]
+    assert not h.ready_to_delete(spec, rs, "chat-2")  # the router has not re-read the file yet
+    assert h.listed() == ["chat-0", "chat-1"]
     answers["chat-2"] = "draining"
-    assert router.ready_to_delete(kube, META, spec, rs, "chat-2")
+    assert h.ready_to_delete(spec, rs, "chat-2")
     answers.pop("chat-2")
-    assert router.ready_to_delete(kube, META, spec, rs, "chat-2")
+    assert h.ready_to_delete(spec, rs, "chat-2")
+    assert [c[0] for c in h.kube.writes] == ["apply"]  # the manifest once: later passes compare what was applied
 
 
 def test_a_router_that_does_not_answer_blocks_the_delete(monkeypatch) -> None:
-    kube = FakeKube([_router_pod("10.0.0.9")])
+    h = Harness([_router_pod("10.0.0.9")])
     monkeypatch.setattr(router, "router_workers", lambda ip, port: None)
-    assert not router.ready_to_delete(kube, META, lab_spec(2), _rs(), "chat-1")
+    assert not h.ready_to_delete(lab_spec(2), _rs(), "chat-1")
 
 
 @pytest.mark.parametrize("enabled", [False, None])
 def test_no_router_no_wait(enabled: bool | None) -> None:
     spec = lab_spec(1).model_copy(update={"router": lab_spec(1).router.model_copy(update={"enabled": enabled})})
-    kube = FakeKube()
-    assert router.ready_to_delete(kube, META, spec, _rs(), "chat-0")
-    assert router.sync(kube, META, spec, None) is None and not kube.objects
+    h = Harness()
+    assert h.ready_to_delete(spec, _rs(), "chat-0")
+    assert h.sync(spec, None) is None and not h.kube.objects and not h.kube.calls
 
 
 def test_after_warm_check_the_pod_is_listed_again_and_status_says_so(monkeypatch) -> None:
-    kube = FakeKube([_router_pod("10.0.0.9")])
+    h = Harness([_router_pod("10.0.0.9")])
     monkeypatch.setattr(router, "router_workers", lambda ip, port: {"chat-0": "ready", "chat-1": "ready"})
-    status = router.sync(kube, META, lab_spec(2), _rs(done=("chat-1",))).wire()
-    assert kube.listed() == ["chat-0", "chat-1"]
+    status = h.sync(lab_spec(2), _rs(done=("chat-1",))).wire()
+    assert h.listed() == ["chat-0", "chat-1"]
     assert status["policy"] == "prefix_hash" and status["drained"] == [] and status["readyRouters"] == 1
     assert status["workers"][1] == {"pod": "chat-1", "routers": {"chat-router-abc": "ready"}}
     assert status["endpoint"] == "http://chat.lab.svc.cluster.local:30000"
@@ -99,7 +99,7 @@ def test_router_is_on_by_default_only_with_several_replicas() -> None:
 
 def test_a_router_no_longer_wanted_is_scaled_to_zero_once() -> None:
     spec = lab_spec(1).model_copy(update={"router": lab_spec(1).router.model_copy(update={"enabled": False})})
-    kube = FakeKube()
-    assert router.sync(kube, META, spec, None, previous=None) is None and not kube.objects
-    assert router.sync(kube, META, spec, None, previous=Router(policy="prefix_hash")) is None
-    assert kube.objects[("Deployment", "chat-router")]["spec"]["replicas"] == 0
+    h = Harness()
+    assert h.sync(spec, None, previous=None) is None and not h.kube.objects
+    assert h.sync(spec, None, previous=Router(policy="prefix_hash")) is None
+    assert h.kube.find("Deployment", "chat-router", "lab")["spec"]["replicas"] == 0

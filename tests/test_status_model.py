@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+from fakekube import merge_patch
 from pydantic import ValidationError
 from qwen_hicache import crd, diskusage, router
 from qwen_hicache.cli import offline_meta
@@ -15,7 +16,7 @@ from qwen_hicache.rollout import PodView, Policy, baseline_read, canary_sent, de
 from qwen_hicache.status import POD_FAILING, Observed, PodProblem, build_status
 from qwen_hicache.status_model import Restart, read_status, validate_status
 from resources import example, variant
-from test_router import META, FakeKube, _router_pod
+from test_router import Harness, _router_pod
 
 from harness.sim.routerlab import lab_spec
 
@@ -58,7 +59,7 @@ def _rollouts(target: str) -> list[Restart]:
 
 def _router_status(monkeypatch: pytest.MonkeyPatch, restart: Restart) -> object:
     monkeypatch.setattr(router, "router_workers", lambda ip, port: {"chat-0": "ready", "chat-1": "draining"})
-    return router.sync(FakeKube([_router_pod("10.0.0.9")]), META, lab_spec(2), restart)
+    return Harness([_router_pod("10.0.0.9")]).sync(lab_spec(2), restart)
 
 
 def _statuses(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
@@ -161,20 +162,7 @@ def test_status_delta_replaces_sub_objects_so_left_out_keys_go() -> None:
     assert _merge_diff({"a": {"b": 1, "c": 2}}, {"a": {"b": 1}}) == {"a": {"c": None}}
 
 
-def _apply_merge_patch(target: object, patch: object) -> object:
-    """RFC 7386, as the API server applies it."""
-    if not isinstance(patch, dict):
-        return patch
-    out = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = _apply_merge_patch(out.get(k), v)
-    return out
-
-
 def test_status_delta_applied_to_the_old_status_gives_the_new(monkeypatch: pytest.MonkeyPatch) -> None:
     statuses = _statuses(monkeypatch)
     for old, new in zip(statuses, statuses[1:], strict=False):
-        assert _apply_merge_patch(old, _status_delta(new, old)) == new
+        assert merge_patch(old, _status_delta(new, old)) == new

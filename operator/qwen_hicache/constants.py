@@ -1,4 +1,5 @@
-"""Names several modules share: the API's identity, label and annotation keys (a leaf: imports nothing)."""
+"""Names several modules share: the API's identity, label and annotation keys, the labels, selectors and owner
+reference every owned object carries (a leaf: imports nothing)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,57 @@ FINGERPRINT_ANNOTATION = f"{ANNOTATION_PREFIX}/fingerprint"
 """On each cache volume claim: the cache namespace its pods read now (claims outlive the resource)."""
 PREVIOUS_FINGERPRINTS_ANNOTATION = f"{ANNOTATION_PREFIX}/previous-fingerprints"
 """On each cache volume claim: earlier namespaces still kept on it, newest first, comma-separated."""
-FINGERPRINT_ANNOTATION = f"{ANNOTATION_PREFIX}/fingerprint"
 
 
 def standard_labels(app: str, instance: str, component: str) -> dict[str, str]:
     """The app.kubernetes.io labels every owned object carries (server and router objects alike)."""
     return {NAME_LABEL: app, INSTANCE_LABEL: instance, COMPONENT_LABEL: component, MANAGED_BY_LABEL: MANAGER}
+
+
+SERVER_APP, ROUTER_APP = "qwen-hicache-server", "qwen-hicache-router"
+CACHE_VOLUME = "hicache"
+"""The cache volume's name in the pod template; the StatefulSet names each claim `hicache-<server>-<n>`."""
+
+
+def labels(name: str) -> dict[str, str]:
+    """Labels on every object of a server's serving side; the first two select its pods."""
+    return standard_labels(SERVER_APP, name, "server")
+
+
+def selector(name: str) -> dict[str, str]:
+    """Stable pod selector (StatefulSet selectors are immutable: never add to this)."""
+    return {k: v for k, v in labels(name).items() if k in (NAME_LABEL, INSTANCE_LABEL)}
+
+
+def router_labels(name: str) -> dict[str, str]:
+    """Labels on the router objects. Another name label than the serving pods': their selector (name and
+    instance) must never match a router pod, or the StatefulSet and the rollout would count it."""
+    return standard_labels(ROUTER_APP, name, "router")
+
+
+def router_selector(name: str) -> dict[str, str]:
+    """Router pods only (the serving pods' selector has no component key, so it never matches these)."""
+    return {k: v for k, v in router_labels(name).items() if k in (NAME_LABEL, INSTANCE_LABEL, COMPONENT_LABEL)}
+
+
+def owned_selector(name: str) -> dict[str, str]:
+    """Everything the operator made for one server, serving side and router alike (one list per kind)."""
+    return {INSTANCE_LABEL: name, MANAGED_BY_LABEL: MANAGER}
+
+
+def matches(obj: dict, wanted: dict[str, str]) -> bool:
+    """Whether an object's labels include every label of `wanted`."""
+    have = (obj.get("metadata") or {}).get("labels") or {}
+    return all(have.get(k) == v for k, v in wanted.items())
+
+
+def owner_reference(meta: dict) -> dict:
+    """Controller reference to the resource, so the garbage collector removes children with it."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }

@@ -12,9 +12,9 @@ import kopf
 from pydantic import ValidationError
 
 from . import driver, metrics, reconciler, rollout
+from .constants import MANAGER, selector
 from .kube import Kube, load_api_client
 from .plan import parse_spec
-from .render import MANAGER, selector
 from .spec import GROUP, PLURAL, VERSION
 from .status_model import restart_of
 

@@ -1,6 +1,8 @@
-"""Thin Kubernetes I/O: get, server-side apply under one field manager, status patch, events.
+"""Thin Kubernetes I/O: get, server-side apply under one field manager, status patch, evictions.
 
-Everything here is a single API call; the decisions live in the pure modules.
+`KubeClient` is everything the operator asks of the API server; `Kube` speaks to a real one and the tests'
+fake client (tests/fakekube.py) records the same calls. Each method is a single API call; the decisions live
+in the pure modules.
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from functools import cache
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -16,10 +18,12 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.discovery import LazyDiscoverer
 from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError
 
-from .render import MANAGER
+from .constants import MANAGER
 from .spec import API_VERSION, KIND
 
 Obj = dict[str, Any]
+API_ERRORS = (ApiException, DynamicApiError)
+"""What a refused or failed call raises (a fake client raises ApiException too)."""
 NODE_CACHE_SECONDS = float(os.environ.get("QWEN_HICACHE_NODE_CACHE_SECONDS", "30"))
 NODE_SIZING_CHECK = os.environ.get("QWEN_HICACHE_NODE_SIZING_CHECK", "true").lower() != "false"
 """The chart turns this off unless it grants `list nodes`; then the operator does not even ask."""
@@ -32,6 +36,23 @@ def load_api_client() -> client.ApiClient:
         return client.ApiClient()
     except config.ConfigException:
         return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))
+
+
+class KubeClient(Protocol):
+    """The operator's door to the API server (see `Kube` for what each call does)."""
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None: ...
+    def list(self, api_version: str, kind: str, namespace: str, selector: dict[str, str]) -> list[Obj]: ...
+    def list_nodes(self, selector: dict[str, str]) -> list[Obj]: ...
+    def get_server(self, namespace: str, name: str) -> Obj | None: ...
+    def apply(self, obj: Obj) -> Obj: ...
+    def create_if_absent(self, obj: Obj) -> bool: ...
+    def patch_status(self, namespace: str, name: str, status: Obj) -> None: ...
+    def annotate(self, api_version: str, kind: str, namespace: str, name: str,
+                 annotations: dict[str, str]) -> None: ...  # fmt: skip
+    def resize_claim(self, namespace: str, name: str, storage: str) -> None: ...
+    def evict_pod(self, namespace: str, name: str, uid: str) -> bool | None: ...
+    def delete_orphaning(self, api_version: str, kind: str, namespace: str, name: str, uid: str) -> bool: ...
 
 
 class MemoryDiscoverer(LazyDiscoverer):

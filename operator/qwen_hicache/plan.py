@@ -25,10 +25,18 @@ class Plan:
     """What the operator should do for one resource, and what it will report."""
 
     spec: QwenHiCacheServerSpec | None
-    objects: list[Obj] = field(default_factory=list)
+    children: list[Obj] = field(default_factory=list)
+    """What the reconciler applies, in order (the router's manifest is rendered by router.py, per pass)."""
     problems: list[policies.Problem] = field(default_factory=list)
     derived: Derived | None = None
     """Everything derived from a spec that could be sized (None for an invalid or unsizable spec)."""
+    meta: Obj = field(default_factory=dict)
+
+    @property
+    def objects(self) -> list[Obj]:
+        """Every object the operator would apply, the router's manifest with no pod drained (`qwen-hicache
+        render`); empty when blocked."""
+        return render.render_all(self.meta, self.derived) if self.children and self.derived else []
 
     @property
     def blocked(self) -> bool:
@@ -115,8 +123,8 @@ def _plan_valid(meta: Obj, spec: QwenHiCacheServerSpec, node_allocatable_bytes: 
                                                     "GPU memory and geometry values for extreme numbers")])
     problems = [_sizing_problem(m) for m in d.problems] + policies.evaluate(d)
     problems.sort(key=lambda p: not p.blocking)
-    objects = [] if any(p.blocking for p in problems) else render.render_all(meta, d)
-    return Plan(spec, objects, problems, d)
+    children = [] if any(p.blocking for p in problems) else render.render_all(meta, d, manifest=False)
+    return Plan(spec, children, problems, d, meta)
 
 
 def cache_status(d: Derived) -> sm.Cache:

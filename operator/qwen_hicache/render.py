@@ -12,47 +12,28 @@ from typing import Any
 from . import diskusage, launch, podlifecycle, render_router
 from .constants import (  # noqa: F401 - re-exported
     ANNOTATION_PREFIX,
+    CACHE_VOLUME,
     COMPONENT_LABEL,
     INSTANCE_LABEL,
     MANAGED_BY_LABEL,
     MANAGER,
     NAME_LABEL,
     RENDER_VERSION_ANNOTATION,
+    labels,
+    owner_reference,
+    selector,
     standard_labels,
 )
 from .derive import Derived
 from .drift import with_hash
 from .rollout import CONFIG_HASH_ANNOTATION, FINGERPRINT_ANNOTATION, RESTART_ANNOTATION, allowed_down
-from .spec import API_VERSION, KIND, QwenHiCacheServerSpec
+from .spec import QwenHiCacheServerSpec
 
 Obj = dict[str, Any]
 
 RENDER_VERSION = "4"
 
-CACHE_VOLUME = "hicache"
 HTTP_PORT_NAME = "http"
-
-
-def labels(name: str) -> dict[str, str]:
-    """Labels on every owned object; the first two select the pods."""
-    return standard_labels("qwen-hicache-server", name, "server")
-
-
-def selector(name: str) -> dict[str, str]:
-    """Stable pod selector (StatefulSet selectors are immutable: never add to this)."""
-    return {k: v for k, v in labels(name).items() if k in (NAME_LABEL, INSTANCE_LABEL)}
-
-
-def owner_reference(meta: Obj) -> Obj:
-    """Controller reference to the resource, so the garbage collector removes children with it."""
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
 
 
 def _metadata(meta: Obj, name: str) -> Obj:
@@ -292,8 +273,10 @@ def get_pdb(meta: Obj, spec: QwenHiCacheServerSpec) -> Obj:
     }
 
 
-def render_all(meta: Obj, d: Derived) -> list[Obj]:
-    """Every object the operator applies for one resource, in apply order, each stamped with its hash."""
+def render_all(meta: Obj, d: Derived, manifest: bool = True) -> list[Obj]:
+    """Every object the operator applies for one resource, in apply order, each stamped with its hash.
+    `manifest=False`: without the router's worker manifest, which the reconciler renders once per pass with the
+    rollout's drained pods (router.py); `qwen-hicache render` shows it with none drained."""
     spec = d.spec
     objects = [
         get_headless_service(meta, spec),
@@ -301,10 +284,10 @@ def render_all(meta: Obj, d: Derived) -> list[Obj]:
         get_statefulset(meta, d),
         get_pdb(meta, spec),
     ]
-    if spec.router.active(spec.replicas):  # the router's worker manifest is applied by router.py (rollout-aware)
+    if spec.router.active(spec.replicas):
         owner = owner_reference(meta)
         objects[1] = render_router.route_client_service(objects[1], meta, spec)
-        objects += [render_router.get_manifest_configmap(meta, spec, owner),
+        objects += [*([render_router.get_manifest_configmap(meta, spec, owner)] if manifest else []),
                     render_router.get_router_service(meta, spec, owner),
                     render_router.get_router_deployment(meta, spec, owner)]
     return [with_hash(o) for o in objects]

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from . import status_model, units
-from .constants import COMPONENT_LABEL, INSTANCE_LABEL, NAME_LABEL, standard_labels
+from .constants import router_labels, router_selector  # noqa: F401 - re-exported
 from .spec import QwenHiCacheServerSpec
 
 Obj = dict[str, Any]
@@ -35,17 +35,6 @@ def router_name(name: str) -> str:
 
 def manifest_name(name: str) -> str:
     return f"{name}-router-workers"
-
-
-def router_labels(name: str) -> dict[str, str]:
-    """Labels on the router objects. Another name label than the serving pods': their selector (name and
-    instance) must never match a router pod, or the StatefulSet and the rollout would count it."""
-    return standard_labels("qwen-hicache-router", name, "router")
-
-
-def router_selector(name: str) -> dict[str, str]:
-    """Router pods only (the serving pods' selector has no component key, so it never matches these)."""
-    return {k: v for k, v in router_labels(name).items() if k in (NAME_LABEL, INSTANCE_LABEL, COMPONENT_LABEL)}
 
 
 def worker_host(name: str, namespace: str, ordinal: int) -> str:

@@ -19,9 +19,11 @@ from typing import Any
 
 from . import render_router
 from . import status_model as sm
-from .drift import is_applied, with_hash
-from .kube import Kube
-from .render import owner_reference
+from .apply import apply_if_drifted
+from .constants import owner_reference
+from .drift import with_hash
+from .gather import Live, ready_ips
+from .kube import KubeClient
 from .spec import QwenHiCacheServerSpec
 
 Obj = dict[str, Any]
@@ -34,21 +36,20 @@ def active(spec: QwenHiCacheServerSpec | None) -> bool:
     return spec is not None and spec.router.active(spec.replicas)
 
 
-def is_manifest(obj: Obj) -> bool:
-    """The manifest ConfigMap is applied by `sync` (rollout-aware), not with the other children."""
-    return obj.get("kind") == "ConfigMap" and obj["metadata"]["name"].endswith("-router-workers")
-
-
 def drained_pods(restart: sm.Restart | None) -> frozenset[str]:
     """Pods the rollout has taken out of the router: past their canary, not yet verified warm."""
     return frozenset(e.pod for e in (restart.in_flight if restart else []) if e.step in DRAINED_STEPS)
 
 
-def _apply_manifest(kube: Kube, meta: Obj, spec: QwenHiCacheServerSpec, drained: frozenset[str]) -> None:
-    obj = with_hash(render_router.get_manifest_configmap(meta, spec, owner_reference(meta), drained))
-    live = kube.get("v1", "ConfigMap", meta["namespace"], obj["metadata"]["name"])
-    if not is_applied(obj, live):
-        kube.apply(obj)
+def manifest_key(meta: Obj) -> tuple[str, str]:
+    """The manifest ConfigMap's (kind, name): gathered with the other children, applied here."""
+    return "ConfigMap", render_router.manifest_name(meta["name"])
+
+
+def _apply_manifest(kube: KubeClient, live: Live, meta: Obj, spec: QwenHiCacheServerSpec,
+                    drained: frozenset[str], applied: list[str] | None = None) -> None:  # fmt: skip
+    manifest = render_router.get_manifest_configmap(meta, spec, owner_reference(meta), drained)
+    apply_if_drifted(kube, live, with_hash(manifest), applied)
 
 
 def router_workers(ip: str, port: int, timeout: float = TIMEOUT_SECONDS) -> dict[str, str] | None:
@@ -65,31 +66,22 @@ def router_workers(ip: str, port: int, timeout: float = TIMEOUT_SECONDS) -> dict
     return out
 
 
-def _ready_router_ips(kube: Kube, meta: Obj) -> dict[str, str]:
-    pods = kube.list("v1", "Pod", meta["namespace"], render_router.router_selector(meta["name"]))
-    out = {}
-    for pod in pods:
-        status = pod.get("status") or {}
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-        if ready and status.get("podIP") and not pod["metadata"].get("deletionTimestamp"):
-            out[pod["metadata"]["name"]] = status["podIP"]
-    return out
-
-
-def ready_to_delete(kube: Kube, meta: Obj, spec: QwenHiCacheServerSpec, restart: sm.Restart, pod: str) -> bool:
+def ready_to_delete(kube: KubeClient, live: Live, meta: Obj, spec: QwenHiCacheServerSpec, restart: sm.Restart,
+                    pod: str, router_pods: list[Obj]) -> bool:  # fmt: skip
     """Before delete: the pod is out of the manifest and no ready router pod routes to it any more."""
     if not active(spec):
         return True
-    _apply_manifest(kube, meta, spec, drained_pods(restart) | {pod})
-    for ip in _ready_router_ips(kube, meta).values():
+    _apply_manifest(kube, live, meta, spec, drained_pods(restart) | {pod})
+    for ip in ready_ips(router_pods).values():
         workers = router_workers(ip, spec.router.port)
         if workers is None or workers.get(pod) == "ready":
             return False  # not confirmed yet: the ConfigMap has not reached that router, or it did not answer
     return True
 
 
-def sync(kube: Kube, meta: Obj, spec: QwenHiCacheServerSpec, restart: sm.Restart | None,
-         previous: sm.Router | None = None) -> sm.Router | None:
+def sync(kube: KubeClient, live: Live, meta: Obj, spec: QwenHiCacheServerSpec, restart: sm.Restart | None,
+         router_pods: list[Obj], previous: sm.Router | None = None,
+         applied: list[str] | None = None) -> sm.Router | None:  # fmt: skip
     """After the rollout step: the manifest for the current restart state, and `status.router`.
 
     A router that was running (`previous` status) and is no longer wanted is scaled to zero once (the client
@@ -98,11 +90,11 @@ def sync(kube: Kube, meta: Obj, spec: QwenHiCacheServerSpec, restart: sm.Restart
         if previous and spec is not None:
             dep = render_router.get_router_deployment(meta, spec, owner_reference(meta))
             dep["spec"]["replicas"] = 0
-            kube.apply(with_hash(dep))
+            apply_if_drifted(kube, live, with_hash(dep), applied)
         return None
     drained = drained_pods(restart)
-    _apply_manifest(kube, meta, spec, drained)
-    routers = {name: router_workers(ip, spec.router.port) for name, ip in _ready_router_ips(kube, meta).items()}
+    _apply_manifest(kube, live, meta, spec, drained, applied)
+    routers = {name: router_workers(ip, spec.router.port) for name, ip in ready_ips(router_pods).items()}
     pods = [f"{meta['name']}-{i}" for i in range(spec.replicas)]
     return render_router.router_status(spec, meta).model_copy(update={
         "drained": sorted(drained),
