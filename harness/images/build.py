@@ -90,7 +90,9 @@ def _check_runtime(store: Store, ref: str) -> None:
 
 
 def _check_operator(store: Store, ref: str) -> None:
-    _run_in(store, ref, ["python3", "-m", "qwen_hicache.cli", "--help"], user="65532:65532")
+    """The CLI starts as the image's user, who has a name (Kopf's peering id asks getpass.getuser())."""
+    _run_in(store, ref, ["python3", "-c", "import getpass, qwen_hicache.cli; print(getpass.getuser())"],
+            user="65532:65532")
 
 
 def _check_router(store: Store, ref: str) -> None:
@@ -138,29 +140,30 @@ CI_IMAGES = tuple(n for n, s in IMAGES.items() if s.ci)
 FULL_IMAGES = ("base", "operator", "router", "runtime-tree", "runtime")
 
 
-def _tree_bytes(path: Path) -> bytes:
+def _tree_bytes(path: Path, repo: Path) -> bytes:
     if path.is_file():
         return path.read_bytes()
     parts = []
     for f in sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        parts.append(f"{f.relative_to(REPO)}\0".encode() + hashlib.sha256(f.read_bytes()).digest())
+        parts.append(f"{f.relative_to(repo)}\0".encode() + hashlib.sha256(f.read_bytes()).digest())
     return b"".join(parts)
 
 
-def key_of(spec: ImageSpec, base_id: str) -> str:
+def key_of(spec: ImageSpec, base_id: str, repo: Path = REPO) -> str:
     h = hashlib.sha256(json.dumps([spec.dockerfile, spec.target, spec.args, base_id]).encode())
     if spec.dockerfile:
-        h.update((REPO / spec.dockerfile).read_bytes())
+        h.update((repo / spec.dockerfile).read_bytes())
     for path in spec.inputs:
-        h.update(_tree_bytes(REPO / path))
+        h.update(_tree_bytes(repo / path, repo))
     if spec.name == "base":
         h.update(json.dumps([BASE_SUITE, BASE_PACKAGES, DPKG_EXCLUDES]).encode())
     return h.hexdigest()[:16]
 
 
 class Builder:
-    def __init__(self, store: Store | None = None, log: Log = print) -> None:
+    def __init__(self, store: Store | None = None, log: Log = print, repo: Path = REPO) -> None:
         self.store = store or Store()
+        self.repo = repo  # the build context (a checkout)
         self.log = log
         self.timings: dict[str, float] = {}  # seconds per image built in this process (0: found in the store)
 
@@ -168,7 +171,7 @@ class Builder:
         """The image, built first if the store does not have this exact key (with its base before it)."""
         spec = IMAGES[name]
         base = self.ensure(spec.base) if spec.base else None
-        key = key_of(spec, base.id if base else "")
+        key = key_of(spec, base.id if base else "", self.repo)
         ref = f"localhost/{spec.repository}:{key}"
         if (found := self.store.lookup(ref)) is not None:
             self.timings.setdefault(name, 0.0)
@@ -207,9 +210,9 @@ class Builder:
     def _bud(self, spec: ImageSpec, candidate: str, base: LocalImage, log_path: Path) -> None:
         args = [*(("--build-arg", f"{k}={v}") for k, v in spec.args)]
         argv = ["bud", "--isolation", "chroot", "--network", "host", "--layers", "--pull-never", *self._pip_volumes(),
-                "-f", str(REPO / spec.dockerfile), "--build-arg", f"{spec.base_arg}={base.pinned}",
+                "-f", str(self.repo / spec.dockerfile), "--build-arg", f"{spec.base_arg}={base.pinned}",
                 *[a for pair in args for a in pair], *(["--target", spec.target] if spec.target else []),
-                "-t", candidate, str(REPO)]  # fmt: skip
+                "-t", candidate, str(self.repo)]  # fmt: skip
         self._logged(argv, log_path)
 
     def _pip_volumes(self) -> list[str]:

@@ -81,7 +81,9 @@ class Store:
         """The image's root filesystem, mounted read-only through a working container kept per image id."""
         name = f"qhc-root-{image.id[:16]}"
         if self.buildah("inspect", "--type", "container", name, check=False).returncode != 0:
-            self.buildah("from", "--pull-never", "--name", name, image.id)
+            made = self.buildah("from", "--pull-never", "--name", name, image.id, check=False)
+            if made.returncode != 0 and "already in use" not in made.stderr:  # another process made it first
+                raise StoreError(f"`buildah from {image.id[:12]}` failed: {made.stderr.strip()[-800:]}")
         return Path(self.buildah("mount", name).stdout.strip())
 
 

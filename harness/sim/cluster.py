@@ -7,8 +7,8 @@ node lifecycle controllers do their work. ``SimCluster`` plays only what needs a
 - registers its nodes (``sim-<tag>-<i>``, 8 GPUs each by default) with heartbeats (harness.sim.node);
 - provisions, resizes and reclaims hostPath volumes for the default StorageClass (harness.sim.provisioner);
 - runs every pod the scheduler binds to its nodes (harness.sim.kubelet: a loopback pod IP, service-account
-  token files from the TokenRequest API, init containers, a local command per image, readiness, container
-  restarts with the kubelet's crash-loop back-off, status through pods/status);
+  token files from the TokenRequest API, every container from its built image with runc (harness.sim.containers),
+  init containers, probes, container restarts with the kubelet's crash-loop back-off, status through pods/status);
 - honours graceful deletion: preStop hook, SIGTERM, SIGKILL at the end of the grace period, then the final
   delete (grace 0, uid precondition) that a kubelet makes once the containers have stopped;
 - ``lose_node()``: a machine vanishes (processes killed, no more heartbeats), for node-loss tests;
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import os
 import random
 import signal
 import socket
@@ -36,15 +37,17 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from kubernetes.utils import parse_quantity
 
 from harness.polling import wait_for
 
+from . import containers
 from .dns import HOSTS_ENV, HostsFile, records
-from .kubelet import ImageError, PodProcesses, PodRecord, Spawner, http_port, secret_reader
+from .images import sim_node
+from .kubelet import ConfigError, ImageError, Node, PodProcesses, PodRecord, Spawner, http_port, secret_reader
 from .node import NodeAgent, NodeShape
 from .podstatus import ContainerState, pod_status
 from .provisioner import Provisioner
-from .sglang_tree import TREE_ENV, patched_sglang_tree
 
 Obj = dict[str, Any]
 BACKOFF_START_S, BACKOFF_MAX_S, BACKOFF_RESET_S = 10.0, 300.0, 600.0  # the kubelet's crash-loop back-off
@@ -101,7 +104,6 @@ class LivePod:
     ready: bool = False
     containers: dict[str, ContainerState] = field(default_factory=dict)
     restart_at: dict[str, float] = field(default_factory=dict)  # container -> when its back-off ends
-    next_probe: float = 0.0  # readiness is probed at the probe's periodSeconds, as the kubelet does
     starter: threading.Thread | None = None
 
     @property
@@ -139,7 +141,7 @@ class SimCluster:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._spawner: Spawner | None = None
-        self._engine_env: dict[str, str] = {}
+        self.node: Node | None = None
         self._secrets = secret_reader(self.core)
         host = api_client.configuration.host.split("://", 1)[-1]
         self._hosts = HostsFile(self.root / ".dns" / "hosts.json")
@@ -150,8 +152,8 @@ class SimCluster:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> SimCluster:
-        """Build the patched sglang tree once (engines would race to), register the nodes, start the loop."""
-        self._engine_env = {TREE_ENV: str(patched_sglang_tree())}
+        """Find (or build) the images and start the container runtime, register the nodes, start the loop."""
+        self.node = sim_node(self.root, self.log)
         self._spawner = Spawner()
         self.nodes.start()
         self._thread = threading.Thread(target=self._loop, name="sim-cluster", daemon=True)
@@ -167,6 +169,8 @@ class SimCluster:
             self._kill(pod)
         self.pods.clear()
         self.nodes.stop(delete=True)
+        if self.node:
+            self.node.runtime.stop()
         if self._spawner:
             self._spawner.close()
 
@@ -320,7 +324,12 @@ class SimCluster:
                 self._project(pod, v["projected"], path)
             elif "configMap" in v or "secret" in v:
                 self._write_keys(pod, v, path)
-            path.mkdir(parents=True, exist_ok=True)  # emptyDir and anything else: a fresh directory per pod
+            elif (v.get("emptyDir") or {}).get("medium") == "Memory":  # a tmpfs of sizeLimit, charged to the pod
+                size = v["emptyDir"].get("sizeLimit")
+                containers.tmpfs(path, int(parse_quantity(str(size))) if size else None)
+            if not path.exists():  # emptyDir and anything else: a fresh directory per pod, writable by any uid
+                path.mkdir(parents=True)
+                path.chmod(0o777)
             dirs[v["name"]] = path
         return dirs
 
@@ -342,7 +351,9 @@ class SimCluster:
                     spec["audiences"] = [sat["audience"]]
                 token = self.core.create_namespaced_service_account_token(
                     pod["spec"].get("serviceAccountName", "default"), meta["namespace"], {"spec": spec})
-                (path / sat.get("path", "token")).write_text(token.status.token)
+                token_file = path / sat.get("path", "token")
+                token_file.write_text(token.status.token)
+                _own_token(token_file, pod["spec"])
             elif "configMap" in source:
                 cm = self.core.read_namespaced_config_map(source["configMap"]["name"], meta["namespace"])
                 for item in source["configMap"].get("items") or [{"key": k, "path": k} for k in cm.data or {}]:
@@ -372,7 +383,7 @@ class SimCluster:
         record.incarnations += 1
         run_dir = self.root / ".pods" / ns / f"{name}-{record.incarnations}"
         ip = self._ips.take(http_port(pod))
-        procs = PodProcesses(pod, ip, {}, self._secrets, self._spawner, run_dir, self.engine_args, self._engine_env,
+        procs = PodProcesses(pod, ip, {}, self._secrets, self._spawner, run_dir, self.engine_args, self.node,
                              self._api_env)  # fmt: skip
         live = LivePod(ns, name, meta["uid"], pod["spec"]["nodeName"], procs, record)
         record.ips.append(ip)
@@ -392,6 +403,16 @@ class SimCluster:
             self._ips.release(pod.procs.ip)
             return
         self._patch_pod(pod, phase="Pending")
+        try:
+            pod.procs.check_images()
+        except (ImageError, ConfigError) as exc:
+            reason = "ErrImagePull" if isinstance(exc, ImageError) else "CreateContainerConfigError"
+            pod.state = "image-error"
+            for c in pod.procs.containers:
+                pod.containers.setdefault(c["name"], ContainerState()).waiting = (reason, str(exc))
+            pod.record.note(f"{reason}: {exc}")
+            self._patch_pod(pod, phase="Pending")
+            return
         failure = pod.procs.run_init()
         if pod.state == "terminating":
             return
@@ -400,15 +421,6 @@ class SimCluster:
             pod.record.init_failures.append(f"{failure['name']}: exit {failure['exitCode']}")
             pod.record.note(f"init container {failure['name']} failed with {failure['exitCode']}")
             self._patch_pod(pod, phase="Pending", init_failure=failure)
-            return
-        try:
-            pod.procs.check_images()
-        except ImageError as exc:
-            pod.state = "image-error"
-            for c in pod.procs.containers:
-                pod.containers.setdefault(c["name"], ContainerState()).waiting = ("ErrImagePull", str(exc))
-            pod.record.note(str(exc))
-            self._patch_pod(pod, phase="Pending")
             return
         now = time.time()
         for c in pod.procs.containers:
@@ -425,10 +437,11 @@ class SimCluster:
             changed = False
             for c in pod.procs.containers:
                 changed |= self._watch_container(pod, c)
-            ready = pod.ready
-            if changed or time.monotonic() >= pod.next_probe:
-                pod.next_probe = time.monotonic() + _probe_period(pod.procs.container)
-                ready = all(cs.waiting is None for cs in pod.containers.values()) and pod.procs.ready()
+            _, unhealthy = pod.procs.probe(time.monotonic())
+            for name in unhealthy:  # liveness (or startup) failed: the kubelet kills the container, then restarts it
+                pod.record.note(f"container {name} failed its liveness/startup probe: killed")
+                pod.procs.node.runtime.kill(pod.procs.cids[name], signal.SIGKILL)
+            ready = all(cs.waiting is None for cs in pod.containers.values()) and pod.procs.ready()
             if ready != pod.ready or changed:
                 if ready != pod.ready:
                     pod.record.note(f"ready={ready}")
@@ -448,6 +461,7 @@ class SimCluster:
         if cs.waiting is not None or proc is None or proc.poll() is None:
             return False
         code = proc.returncode
+        pod.procs.finished(name, code)
         if name == pod.procs.container["name"]:
             pod.record.exit_codes.append(code)
         ran = time.time() - (cs.started_at or time.time())
@@ -463,7 +477,8 @@ class SimCluster:
 
     @staticmethod
     def _termination(pod: LivePod, c: Obj, code: int) -> Obj:
-        out: Obj = {"exitCode": code if code >= 0 else 128 - code, "reason": "Completed" if code == 0 else "Error",
+        reason = "OOMKilled" if pod.procs.oom.get(c["name"]) else "Completed" if code == 0 else "Error"
+        out: Obj = {"exitCode": code if code >= 0 else 128 - code, "reason": reason,
                     "startedAt": None, "finishedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
         if c.get("terminationMessagePolicy") == "FallbackToLogsOnError" and code != 0:
             with contextlib.suppress(OSError):
@@ -501,6 +516,7 @@ class SimCluster:
             pod.record.exit_codes.append(code)
         pod.record.sigkilled += int(killed)
         pod.record.note(f"engine stopped: exit {code}{' (SIGKILL)' if killed else ''}")
+        pod.procs.teardown()
         if graceful:
             self._confirm_deleted({"name": pod.name, "namespace": pod.namespace, "uid": pod.uid})
 
@@ -511,6 +527,7 @@ class SimCluster:
         code, _ = pod.procs.stop_engine(0 if crash else 5, signal.SIGKILL if crash else signal.SIGTERM)
         if code is not None:
             pod.record.exit_codes.append(code)
+        pod.procs.teardown()
         self._ips.release(pod.procs.ip)
         self.pods.pop((pod.namespace, pod.name), None)
 
@@ -534,7 +551,10 @@ def _runnable(pod: Obj) -> bool:
     return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
 
 
-def _probe_period(container: Obj) -> float:
-    """The readiness probe's periodSeconds (Kubernetes' default 10); no probe: every loop pass."""
-    probe = container.get("readinessProbe")
-    return float(probe.get("periodSeconds", 10)) if probe else 0.0
+def _own_token(path: Path, spec: Obj) -> None:
+    """The kubelet's projected token: 0600 for the pod's runAsUser, or 0640 for its fsGroup, else 0644."""
+    sc = spec.get("securityContext") or {}
+    uid, group = sc.get("runAsUser"), sc.get("fsGroup")
+    if uid is not None or group is not None:
+        os.chown(path, int(uid if uid is not None else 0), int(group if group is not None else -1))
+    path.chmod(0o600 if uid is not None and group is None else 0o640 if group is not None else 0o644)

@@ -75,6 +75,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sim-request-seconds", type=float, default=0.0, help="time each /generate takes")
     p.add_argument("--sim-device-pages", type=int, default=4096)
     p.add_argument("--sim-host-pages", type=int, default=16384)
+    p.add_argument("--hicache-size", type=float, default=0.0)
+    p.add_argument("--sim-allocate-host-pool", action="store_true",
+                   help="hold the host pools' memory for real (--hicache-size GB per TP rank, every page touched, as "
+                        "pinned pools are): the pod's memory limit then applies to it")
     args, _ = p.parse_known_args(argv)
     args.served_model_name = args.served_model_name or args.model_path
     args.sim_cold = args.sim_cold or os.environ.get(COLD_ENV, "") not in ("", "0")
@@ -148,6 +152,7 @@ class Engine:
         self.device = tiers.LruTier(args.sim_device_pages)
         self.host = tiers.LruTier(args.sim_host_pages if args.enable_hierarchical_cache else 0)
         self.disk: Any = None
+        self.host_pool: bytearray | None = None
         self.tree: dict = {}
         self._flush_lock = threading.Lock()
         self._flush_machinery: tuple[Any, Any] | None = None
@@ -166,6 +171,10 @@ class Engine:
         A startup failure exits the process non-zero, as the runtime's does (the pod then shows it).
         """
         time.sleep(self.args.sim_startup_seconds)
+        if self.args.sim_allocate_host_pool and self.args.enable_hierarchical_cache:
+            size = int(self.args.hicache_size * 1e9) * self.args.tp_size  # the runtime sizes host pools in 1e9 bytes
+            self.host_pool = bytearray(size)
+            self.host_pool[:: 4096] = b"\1" * len(range(0, size, 4096))  # resident, as pinned memory is
         try:
             if self.args.hicache_storage_backend == "file":
                 self.disk = open_disk(self.args, self.tree)

@@ -1,66 +1,60 @@
-"""SIMULATION ONLY: which local command stands in for a container's image (no images are pulled here).
+"""SIMULATION ONLY: the images the simulated nodes run, built from this checkout (harness.images).
 
-- The runtime container (named ``sglang``, the patched SGLang image) runs the engine stand-in
-  (``harness.sim.engine``) with the container's args, on the pod IP and its ``http`` port.
-- The operator image (``.../qwen-hicache-operator:<tag>``) runs its own command (``python -m
-  qwen_hicache.cli run ...``) with this checkout's interpreter, which has the operator installed.
-- Init containers and hooks run their ``sh -c`` scripts on the host (busybox-like shell images).
-- A ``python3 -c SCRIPT`` container (the runtime image's ``cache-usage`` sidecar: stdlib only) runs the script
-  with this interpreter.
-- Anything else has no stand-in: the pod stays ``ErrImagePull`` (stricter than a cluster that could pull it).
+Pods run their images for real (harness.sim.containers). What a cluster would pull from a registry is found in
+the node's local image store instead:
 
-Extra stand-ins (a router image, say) are registered with ``register()``.
+- any reference naming a built image: ``localhost/<repository>:<key>``, ``localhost/<repository>@sha256:...``, or a
+  short name the store holds under ``localhost/`` (the operator's default router image
+  ``qwen-hicache-router:smg-1.13.0`` is the built router image, tagged so);
+- the examples' placeholder runtime reference (``registry.example.com/qwen-hicache/sglang@sha256:0f4b...``, a
+  digest no registry has) is served by the test-only runtime image ``runtime-sim`` (the ``tree`` target of
+  Dockerfile.hicache plus the engine stand-in layer): the one mirror entry, since every example and most tests
+  name it. Kinder than a registry in one way: that digest is not the served image's;
+- anything else is ``ErrImagePull``.
 """
 
 from __future__ import annotations
 
-import sys
+import hashlib
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
 
-Obj = dict[str, Any]
-RUNTIME_CONTAINER = "sglang"
-# builder(container, args already expanded) -> argv, or None when it does not stand in for this container
-Builder = Callable[[Obj, list[str]], list[str] | None]
-_BUILDERS: list[Builder] = []
-_PYTHONS = {"python", "python3", "/usr/bin/python3", "/usr/local/bin/python", "/usr/local/bin/python3"}
+import yaml
 
+from harness.images import tools
+from harness.images.build import REPO, Builder
+from harness.images.store import LocalImage
 
-def register(builder: Builder) -> None:
-    """Add a stand-in, tried before the built-in ones."""
-    _BUILDERS.insert(0, builder)
+from . import containers
+from .kubelet import CLUSTER_HOSTS, Node
 
-
-def repository(image: str) -> str:
-    """`registry/path/name:tag@digest` -> `name`."""
-    return image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
+ROUTER_ALIAS = "localhost/qwen-hicache-router:smg-1.13.0"  # the operator's default `spec.router.image`
 
 
-def _runtime(container: Obj, args: list[str]) -> list[str] | None:
-    if container["name"] != RUNTIME_CONTAINER:
-        return None
-    return [sys.executable, "-m", "harness.sim.engine", *args]  # the image's entrypoint is the stand-in
+def example_runtime_image() -> str:
+    doc = yaml.safe_load((REPO / "examples" / "qwenhicache.yaml").read_text())
+    return doc["spec"]["runtime"]["image"]
 
 
-def _operator(container: Obj, argv: list[str]) -> list[str] | None:
-    if repository(container.get("image", "")) != "qwen-hicache-operator" or not argv:
-        return None
-    return [sys.executable if argv[0] in _PYTHONS else argv[0], *argv[1:]]
+def built(name: str, log: Callable[[str], None] = print) -> LocalImage:
+    """One of harness.images.build.IMAGES, built first when the store lacks it (minutes, once per machine)."""
+    return Builder(log=log).ensure(name)
 
 
-def _python(container: Obj, argv: list[str]) -> list[str] | None:
-    """A stdlib-Python program in any image (the cache-usage sidecar): this interpreter runs it for real."""
-    return [sys.executable, *argv[1:]] if len(argv) > 1 and argv[0] in _PYTHONS and argv[1] == "-c" else None
+def sim_node(root: Path, log: Callable[[str], None] = print) -> Node:
+    """The node side shared by a SimCluster's pods: images (built if needed), runc, the reaper."""
+    tools.ensure(tools.RUN_TOOLS, log)
+    builder = Builder(log=log)
+    runtime = builder.ensure("runtime-sim")
+    router = builder.ensure("router")
+    if builder.store.lookup(ROUTER_ALIAS) is None or builder.store.lookup(ROUTER_ALIAS).id != router.id:
+        builder.store.tag(router.ref, ROUTER_ALIAS)
+    images = containers.Images(builder.store, {example_runtime_image(): runtime})
+    runtime_dir = Path("/run") if Path("/run").is_dir() else root
+    group = f"qwen-hicache-sim-{hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]}"  # one per SimCluster
+    rt = containers.Runtime(runtime_dir / "qwen-hicache-runc" / group, group)
+    rt.start_reaper(root)
+    from harness import runtime_env
 
-
-def _shell(container: Obj, argv: list[str]) -> list[str] | None:
-    return argv if argv and argv[0] in ("sh", "/bin/sh", "bash", "/bin/bash") else None
-
-
-def command_for(container: Obj, argv: list[str], args_only: list[str]) -> list[str] | None:
-    """The host argv standing in for `container` (`argv` = command + args, `args_only` = args), or None."""
-    for builder in _BUILDERS:
-        if (found := builder(container, argv)) is not None:
-            return found
-    return (_runtime(container, args_only) or _operator(container, argv) or _python(container, argv)
-            or _shell(container, argv))
+    torch = runtime_env.env_dir() / "lib" / "python3.11" / "site-packages"
+    return Node(images, rt, torch_env=torch if torch.is_dir() else None, hosts=CLUSTER_HOSTS)

@@ -2,9 +2,8 @@
 
 `RouterPods(api_client, sim_root)` (a context manager, next to a `SimCluster`):
 
-- registers an image stand-in (harness.sim.images) for `qwen-hicache-router`: the container's own command
-  (`smg launch <rendered args>`, 0.0.0.0 already rewritten to the pod IP by the kubelet stand-in) runs with
-  the pinned `smg` of this venv, inside the pod's mount namespace, with /etc/hosts bound to the DNS stand-in;
+- the router pods run the router image (images/router, built locally) like any pod (harness.sim.containers);
+  their /etc/hosts, and every other pod's, is the DNS stand-in's file while this is entered;
 - plays cluster DNS for StatefulSet pods: `<hostname>.<subdomain>.<ns>.svc.cluster.local` -> pod IP, for
   every pod that has an IP and is not being deleted (a headless Service with publishNotReadyAddresses), and
   nothing else: a deleted pod's name does not resolve, a restarted pod resolves to its new IP;
@@ -23,8 +22,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from harness.sim import images
-from harness.sim.routerlab import NameShim, smg_binary
+from harness.sim.kubelet import CLUSTER_HOSTS
+from harness.sim.routerlab import NameShim
 
 ROUTER_IMAGE = "qwen-hicache-router"
 ROUTER_COMPONENT = "app.kubernetes.io/component=router"
@@ -41,14 +40,8 @@ class RouterPods:
         self._thread = threading.Thread(target=self._loop, name="sim-router-pods", daemon=True)
         self.errors: list[str] = []
 
-    def _builder(self, container: dict, argv: list[str]) -> list[str] | None:
-        if images.repository(container.get("image", "")) != ROUTER_IMAGE or argv[:1] != ["smg"]:
-            return None
-        script = f'mount --bind "{self.dns.path}" /etc/hosts || exit 125; exec "$@"'
-        return ["sh", "-c", script, "sh", smg_binary(), *argv[1:]]
-
     def __enter__(self) -> RouterPods:
-        images.register(self._builder)
+        CLUSTER_HOSTS.append(self.dns.path)
         self._thread.start()
         return self
 
@@ -56,7 +49,7 @@ class RouterPods:
         self._stop.set()
         self._thread.join(10)
         with contextlib.suppress(ValueError):
-            images._BUILDERS.remove(self._builder)
+            CLUSTER_HOSTS.remove(self.dns.path)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.refresh):

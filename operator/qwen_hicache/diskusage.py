@@ -33,7 +33,10 @@ PORT = 9400
 PORT_NAME = "cache-usage"
 CREATED_FILE = ".qwen-hicache-created"
 
-SCRIPT = r'''import http.server, os, re, sys, threading, time
+SCRIPT = r'''import http.server, os, re, signal, sys, threading, time
+# The container's PID 1: without a handler the kernel drops SIGTERM, and the pod's deletion waits out its
+# whole grace period (the drain and flush budget) for this sidecar.
+signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
 env = os.environ
 root, fp = env["QWEN_HICACHE_CACHE_ROOT"], env["QWEN_HICACHE_FINGERPRINT"]
 tp, cap = int(env.get("QWEN_HICACHE_TP_SIZE") or 1), int(env.get("SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE") or 0)

@@ -31,7 +31,7 @@ from .spec import QwenHiCacheServerSpec
 
 Obj = dict[str, Any]
 
-RENDER_VERSION = "4"
+RENDER_VERSION = "5"
 
 HTTP_PORT_NAME = "http"
 

@@ -21,6 +21,7 @@ from kubernetes.client.rest import ApiException
 from harness.devcluster import DevCluster, ensure_lws_built, lws
 from harness.sim.cluster import SimCluster
 from harness.sim.dns import lookup, records
+from harness.sim.images import built  # the pods run from an image: the local Debian base has python3
 
 GROUP, VERSION, PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
 INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
@@ -51,7 +52,7 @@ http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
 
 def lws_object(name: str, replicas: int = 2, size: int = 2) -> dict:
     container = {
-        "name": "main", "image": "python:3", "command": ["python3", "-c", POD],
+        "name": "main", "image": built("base", log=lambda _: None).pinned, "command": ["python3", "-c", POD],
         "ports": [{"name": "http", "containerPort": 8080}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1},
         "volumeMounts": [{"name": "cache", "mountPath": "/cache"}],

@@ -1,6 +1,7 @@
 """Helpers for the install and RBAC tests: an audited control plane, the chart installed with the real helm,
-and the operator running as the chart's Deployment pod (scheduled by the real scheduler, run by the kubelet
-stand-in with its ServiceAccount's token: RBAC is enforced by the real authorizer).
+and the operator running as the chart's Deployment pod from the operator image (built from images/operator by
+harness.images, given to helm by digest; scheduled by the real scheduler, run by the kubelet stand-in as a
+container with its ServiceAccount's token: RBAC is enforced by the real authorizer).
 
 Each install gets its own DevCluster (a few seconds to start) so the request log holds that install only.
 """
@@ -23,6 +24,7 @@ from resources import example, variant
 
 from harness.devcluster import DevCluster
 from harness.sim.cluster import SimCluster
+from harness.sim.images import built
 
 OPERATOR_NS = "qwen-hicache-system"
 WORKLOAD_NS = "inference"
@@ -104,12 +106,15 @@ def admin_api(cluster: DevCluster) -> client.ApiClient:
 def install(bed: tuple[DevCluster, SimCluster], values: list[str] | None = None,
             sets: list[str] | None = None) -> Install:  # fmt: skip
     """The workload namespace (with the admin's weights claim), then `helm install` of the chart with these values
-    files and --set strings; the only deviation from the defaults is the shortest resync the chart allows (5 s)."""
+    files and --set strings; the deviations from the defaults: the locally built operator image (by digest) and the
+    shortest resync the chart allows (5 s)."""
     cluster, sim = bed
     api = admin_api(cluster)
     client.CoreV1Api(api).create_namespace({"metadata": {"name": WORKLOAD_NS}})
     sim.weights_claim(WORKLOAD_NS)
-    inst = Install(cluster, sim, api, values or [], [*(sets or []), "operator.resyncSeconds=5"])
+    image = built("operator")
+    pinned = [f"image.repository={image.pinned.split('@')[0]}", f"image.digest={image.digest}"]
+    inst = Install(cluster, sim, api, values or [], [*pinned, *(sets or []), "operator.resyncSeconds=5"])
     inst.install()
     return inst
 

@@ -12,9 +12,11 @@ import pytest
 from kubernetes import client
 
 from harness.sim.cluster import SimCluster
+from harness.sim.images import example_runtime_image
 
 pytestmark = pytest.mark.integration
 
+RUNTIME = example_runtime_image()  # served by the built runtime image with the engine stand-in (harness.sim.images)
 MANAGED = {"app.kubernetes.io/managed-by": "qwen-hicache-operator", "app.kubernetes.io/instance": "demo"}
 FP = "fp0123"
 PREFLIGHT = 'test ! -e /var/cache/hicache/BAD || { echo "bad marker" >&2; exit 3; }; mkdir -p /var/cache/hicache/' + FP
@@ -31,7 +33,7 @@ def statefulset(replicas: int) -> dict:
     """Shaped like the operator's rendering (qwen_hicache.render.get_statefulset)."""
     container = {
         "name": "sglang",
-        "image": "registry.example.com/sglang:sim",
+        "image": RUNTIME,
         "command": ["python3", "-m", "sglang.launch_server"],
         "args": ["--model-path", "/models/m", "--served-model-name", "qwen-sim", "--host", "0.0.0.0",
                  "--port", "30000", "--tp-size", "2", "--page-size", "64", "--enable-hierarchical-cache",
@@ -46,7 +48,7 @@ def statefulset(replicas: int) -> dict:
                          {"name": "hicache", "mountPath": "/var/cache/hicache"}],
         "lifecycle": {"preStop": {"exec": {"command": ["python3", "-c", PRESTOP]}}},
     }  # fmt: skip
-    init = {"name": "preflight", "image": "busybox", "command": ["sh", "-c", PREFLIGHT],
+    init = {"name": "preflight", "image": RUNTIME, "command": ["sh", "-c", PREFLIGHT],
             "volumeMounts": [{"name": "hicache", "mountPath": "/var/cache/hicache"}]}  # fmt: skip
     return {
         "apiVersion": "apps/v1",

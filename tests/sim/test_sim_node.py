@@ -11,6 +11,7 @@ import pytest
 from kubernetes import client
 
 from harness.sim.cluster import SimCluster
+from harness.sim.images import built
 
 pytestmark = pytest.mark.integration
 WHOAMI = """
@@ -28,6 +29,12 @@ except client.ApiException as exc:
     print("secrets", exc.status, flush=True)
 import time; time.sleep(300)
 """
+
+
+@pytest.fixture(scope="module")
+def shell() -> str:
+    """Any image with a shell: the local Debian base (harness.images)."""
+    return built("base").pinned
 
 
 @pytest.fixture
@@ -70,7 +77,7 @@ def test_operator_image_runs_with_its_service_account_token(
     rbac.create_namespaced_role_binding(namespace, {"metadata": {"name": "pods"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pods"},
         "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}]})  # fmt: skip
-    core.create_namespaced_pod(namespace, _pod("op", "registry.example.com/qwen-hicache-operator:0.1.0",
+    core.create_namespaced_pod(namespace, _pod("op", built("operator").pinned,
                                                ["python", "-c", WHOAMI], serviceAccountName="reader"))
     log = nodes.wait_for(lambda: nodes.pods.get((namespace, "op")), 30, "pod started").procs.run_dir / "main.log"
     nodes.wait_for(lambda: log.exists() and "secrets" in log.read_text(), 60, f"the pod's output in {log}")
@@ -80,10 +87,10 @@ def test_operator_image_runs_with_its_service_account_token(
 
 
 def test_crash_loop_back_off_reports_the_last_message(
-    nodes: SimCluster, kube_api: client.ApiClient, namespace: str
+    shell: str, nodes: SimCluster, kube_api: client.ApiClient, namespace: str
 ) -> None:
     core = client.CoreV1Api(kube_api)
-    core.create_namespaced_pod(namespace, _pod("crash", "busybox", ["sh", "-c", "echo out of memory >&2; exit 7"]))
+    core.create_namespaced_pod(namespace, _pod("crash", shell, ["sh", "-c", "echo out of memory >&2; exit 7"]))
 
     def looping() -> client.V1ContainerStatus | None:
         st = _status(core, namespace, "crash")
@@ -97,15 +104,16 @@ def test_crash_loop_back_off_reports_the_last_message(
         st = _status(core, namespace, "unknown")
         return st if st and st.state.waiting and st.state.waiting.reason == "ErrImagePull" else None
 
-    assert "no local stand-in" in nodes.wait_for(pull_error, 30, "ErrImagePull").state.waiting.message
+    message = nodes.wait_for(pull_error, 30, "ErrImagePull").state.waiting.message
+    assert 'image "example.com/some/other:1" is not in the node\'s image store' in message and "make images" in message
 
 
 def test_lost_node_is_tainted_and_its_pod_evicted(
-    nodes: SimCluster, kube_api: client.ApiClient, namespace: str
+    shell: str, nodes: SimCluster, kube_api: client.ApiClient, namespace: str
 ) -> None:
     core = client.CoreV1Api(kube_api)
     target = nodes.node_names[0]
-    pod = _pod("victim", "busybox", ["sh", "-c", "sleep 300"], nodeSelector={"kubernetes.io/hostname": target})
+    pod = _pod("victim", shell, ["sh", "-c", "sleep 300"], nodeSelector={"kubernetes.io/hostname": target})
     core.create_namespaced_pod(namespace, pod)
     nodes.wait_for(lambda: nodes.pods.get((namespace, "victim")) and nodes.pods[(namespace, "victim")].ready, 30,
                    "victim running")  # fmt: skip

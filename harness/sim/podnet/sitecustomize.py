@@ -29,6 +29,8 @@ if _POD_IP:
 
     socket.socket.bind = _pod_bind  # type: ignore[method-assign]
 
+_DNS_PY = "QWEN_HICACHE_SIM_DNS_PY"
+
 if _HOSTS:
     _getaddrinfo, _gethostbyname = socket.getaddrinfo, socket.gethostbyname
 
@@ -36,7 +38,15 @@ if _HOSTS:
         """The record's IP for a cluster name, else the name unchanged (read fresh: records follow pods)."""
         if not isinstance(host, str) or "." not in host or host.replace(".", "").isdigit():
             return host
-        from harness.sim.dns import lookup
+        try:
+            from harness.sim.dns import lookup
+        except ImportError:  # an image without the harness: the kubelet stand-in mounts dns.py (stdlib only)
+            import importlib.util
+
+            spec = importlib.util.spec_from_file_location("qwen_hicache_sim_dns", os.environ[_DNS_PY])
+            dns = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(dns)  # type: ignore[union-attr]
+            lookup = dns.lookup
 
         try:
             with open(_HOSTS) as fh:
