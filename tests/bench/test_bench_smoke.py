@@ -26,3 +26,10 @@ def test_rollouts_benchmark_smoke() -> None:
     res = subprocess.run(argv, capture_output=True, text=True, timeout=540)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "new resource -> StatefulSet (s)" in res.stdout
+
+
+def test_images_benchmark_smoke() -> None:
+    argv = [sys.executable, str(REPO / "bench" / "images.py"), "--smoke"]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "engine stand-in start -> /ready 200" in res.stdout
