@@ -355,6 +355,8 @@ class Runtime:
         if self._reaper is not None:
             self._reaper.kill()
             self._reaper.wait()
+        self.cgroups.remove()  # this runtime's group in every hierarchy, and runc's state directory
+        shutil.rmtree(self.root, ignore_errors=True)
 
     def list(self) -> list[str]:
         proc = subprocess.run(self.runc("list", "--format", "json"), capture_output=True, text=True)
