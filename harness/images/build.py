@@ -277,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             tools.ensure()
             return 0
         names = args.names or (FULL_IMAGES if args.full else CI_IMAGES)
+        tools.ensure()  # runc too: the tests run these images right after (one apt-get, before any test starts)
         builder = Builder()
         for name in names:
             image = builder.ensure(name)
