@@ -9,15 +9,20 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import kopf
 
 
 @contextlib.contextmanager
-def operator_thread(namespaces: tuple[str, ...] = (), timeout: float = 30) -> Iterator[threading.Thread]:
-    """Start the registered handlers (standalone, no peering); stop them cleanly on exit."""
-    from qwen_hicache import handlers  # noqa: F401 - registers the handlers
+def operator_thread(namespaces: tuple[str, ...] = (), timeout: float = 30, settings: Any = None
+                    ) -> Iterator[threading.Thread]:  # fmt: skip
+    """Start the operator's handlers (standalone, no peering) with `settings` (a qwen_hicache.settings.Settings;
+    from the environment when None); stop them cleanly on exit."""
+    from qwen_hicache.handlers import register
+    from qwen_hicache.settings import Settings
 
+    registry = register(settings or Settings.load(), kopf.OperatorRegistry())
     stop = threading.Event()
     ready = threading.Event()
     errors: list[BaseException] = []
@@ -27,7 +32,7 @@ def operator_thread(namespaces: tuple[str, ...] = (), timeout: float = 30) -> It
             asyncio.run(
                 kopf.operator(
                     standalone=True, clusterwide=not namespaces, namespaces=namespaces,
-                    stop_flag=stop, ready_flag=ready,
+                    stop_flag=stop, ready_flag=ready, registry=registry,
                 )
             )
         except BaseException as err:  # noqa: BLE001 - reported to the caller below

@@ -6,13 +6,6 @@ test session. A build or start failure makes every test that uses it ERROR with 
 
 from __future__ import annotations
 
-import os
-
-# Operator timings for tests, read when the operator modules are first imported (so set before any import).
-os.environ.setdefault("QWEN_HICACHE_RESYNC_SECONDS", "1")
-os.environ.setdefault("QWEN_HICACHE_ROLLOUT_POLL_SECONDS", "0.3")
-os.environ.setdefault("QWEN_HICACHE_NODE_CACHE_SECONDS", "0")
-
 import re
 import sys
 import uuid

@@ -35,6 +35,13 @@ def variant(**changes: Any) -> dict[str, Any]:
 DELETE = object()
 
 
+def operator_settings(**changes: Any) -> Any:
+    """The operator's settings for tests: a 1 s resync, a 0.3 s rollout poll, nodes never cached."""
+    from qwen_hicache.settings import Settings
+
+    return Settings(resync_seconds=1, rollout_poll_seconds=0.3, node_cache_seconds=0, **changes)
+
+
 def derived(doc: dict[str, Any], node_bytes: int | None = None) -> Any:
     """What `plan` derives from a document's spec (qwen_hicache.derive.Derived)."""
     from qwen_hicache.derive import derive

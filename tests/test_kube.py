@@ -18,17 +18,22 @@ class _Nodes:
         raise api_exception(ApiException(status=self.status, reason="refused"))
 
 
+def _client() -> kube_mod.Kube:
+    """A Kube whose calls never reach a server (its node reads are patched per test)."""
+    k = kube_mod.Kube.__new__(kube_mod.Kube)
+    k._nodes, k.node_cache_seconds, k.node_sizing_check = {}, 30.0, True
+    return k
+
+
 @pytest.mark.parametrize("status", [400, 403, 404, 422])
 def test_node_list_the_server_refuses_skips_the_node_check(monkeypatch: pytest.MonkeyPatch, status: int) -> None:
-    k = kube_mod.Kube.__new__(kube_mod.Kube)
-    k._nodes = {}
+    k = _client()
     monkeypatch.setattr(kube_mod.Kube, "_resource", lambda self, v, kind: _Nodes(status))
     assert k.list_nodes({"bad key": "x"}) == []
 
 
 def test_other_node_list_errors_still_surface(monkeypatch: pytest.MonkeyPatch) -> None:
-    k = kube_mod.Kube.__new__(kube_mod.Kube)
-    k._nodes = {}
+    k = _client()
     monkeypatch.setattr(kube_mod.Kube, "_resource", lambda self, v, kind: _Nodes(500))
     with pytest.raises(Exception):  # noqa: B017 - a server error is retried by the reconcile's error path
         k.list_nodes({})

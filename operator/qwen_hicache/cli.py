@@ -81,8 +81,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run the operator; the chart's Deployment runs exactly this (see charts/qwen-hicache-operator)."""
     import kopf
 
-    from . import handlers  # noqa: F401 - registers the handlers
+    from .handlers import register
+    from .settings import Settings, SettingsError
 
+    try:
+        register(Settings.load())
+    except SettingsError as err:
+        raise SystemExit(f"error: {err}") from None
     kopf.configure(verbose=args.verbose)
     if args.metrics_port:
         from .metrics import start_metrics_server

@@ -24,9 +24,6 @@ from .spec import API_VERSION, KIND
 Obj = dict[str, Any]
 API_ERRORS = (ApiException, DynamicApiError)
 """What a refused or failed call raises (a fake client raises ApiException too)."""
-NODE_CACHE_SECONDS = float(os.environ.get("QWEN_HICACHE_NODE_CACHE_SECONDS", "30"))
-NODE_SIZING_CHECK = os.environ.get("QWEN_HICACHE_NODE_SIZING_CHECK", "true").lower() != "false"
-"""The chart turns this off unless it grants `list nodes`; then the operator does not even ask."""
 
 
 def load_api_client() -> client.ApiClient:
@@ -71,9 +68,12 @@ class MemoryDiscoverer(LazyDiscoverer):
 class Kube:
     """The operator's only door to the API server."""
 
-    def __init__(self, api_client: client.ApiClient):
+    def __init__(self, api_client: client.ApiClient, node_cache_seconds: float = 30.0,
+                 node_sizing_check: bool = True) -> None:  # fmt: skip
+        """`node_cache_seconds`, `node_sizing_check`: see settings.Settings."""
         self.api_client = api_client
         self.dyn = DynamicClient(api_client, discoverer=MemoryDiscoverer)
+        self.node_cache_seconds, self.node_sizing_check = node_cache_seconds, node_sizing_check
         self._nodes: dict[str, tuple[float, list[Obj]]] = {}
 
     @cache  # noqa: B019 - one Kube per process; discovery results never change for it
@@ -108,13 +108,13 @@ class Kube:
         return self._resource(api_version, kind).get(namespace=namespace, label_selector=sel).to_dict()["items"]
 
     def list_nodes(self, selector: dict[str, str]) -> list[Obj]:
-        """Nodes matching labels, cached for NODE_CACHE_SECONDS (nodes change rarely; every resync asks);
+        """Nodes matching labels, cached for `node_cache_seconds` (nodes change rarely; every resync asks);
         empty when the operator may not read nodes (the chart makes that permission optional)."""
-        if not NODE_SIZING_CHECK:
+        if not self.node_sizing_check:
             return []
         sel = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
         hit = self._nodes.get(sel)
-        if hit and time.monotonic() - hit[0] < NODE_CACHE_SECONDS:
+        if hit and time.monotonic() - hit[0] < self.node_cache_seconds:
             return hit[1]
         try:
             nodes = self._resource("v1", "Node").get(label_selector=sel).to_dict()["items"]

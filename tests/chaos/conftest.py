@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from resources import operator_settings
 
 from harness.sim.cluster import SimCluster
 
@@ -40,7 +41,8 @@ def chaos_sim(kube_api: client.ApiClient, chaos_ns: str, tmp_path_factory: pytes
 @pytest.fixture(scope="module")
 def chaos_operator(crd: None, devcluster: Any, tmp_path_factory: pytest.TempPathFactory
                    ) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(devcluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
+    op = OperatorProcess(devcluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log",
+                         env=operator_settings().env())
     op.start()
     yield op
     op.stop()

@@ -7,8 +7,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import kopf
 import pytest
 from kopf.testing import KopfRunner
+from qwen_hicache.handlers import register
+from resources import operator_settings
 
 
 class Records(logging.Handler):
@@ -34,9 +37,9 @@ def operator_log(crd: None, devcluster: Any) -> Iterator[Records]:
     """The operator, cluster-wide, for the whole module; yields its bad log records (must stay empty)."""
     records = Records()
     logging.getLogger().addHandler(records)
-    argv = ["run", "--standalone", "--all-namespaces", "-m", "qwen_hicache.handlers"]
+    argv = ["run", "--standalone", "--all-namespaces"]
     try:
-        with KopfRunner(argv, timeout=60) as runner:
+        with KopfRunner(argv, timeout=60, registry=register(operator_settings(), kopf.OperatorRegistry())) as runner:
             time.sleep(1.0)  # let the watch streams start before the first object is created
             yield records
     finally:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from resources import operator_settings
 
 from harness.inprocess import operator_thread
 from harness.operator_process import OperatorProcess
@@ -16,12 +17,12 @@ from harness.operator_process import OperatorProcess
 @pytest.fixture
 def operator(crd: None, devcluster: Any) -> Iterator[None]:
     """The operator in this process (Kopf in a thread), for one test."""
-    with operator_thread():
+    with operator_thread(settings=operator_settings()):
         yield
 
 
 @pytest.fixture
 def operator_process(crd: None, devcluster: Any, tmp_path: Path) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(devcluster.kubeconfig, tmp_path / "operator.log")
+    op = OperatorProcess(devcluster.kubeconfig, tmp_path / "operator.log", env=operator_settings().env())
     yield op
     op.kill()

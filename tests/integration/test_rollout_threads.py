@@ -17,7 +17,7 @@ import pytest
 from kubehelpers import eventually, get_server
 from kubernetes import client
 from qwen_hicache.spec import GROUP, PLURAL, VERSION
-from resources import example
+from resources import example, operator_settings
 
 from harness.inprocess import operator_thread
 from harness.sim.cluster import SimCluster
@@ -28,10 +28,9 @@ ROLLOUTS = HANDLER_THREADS + 1
 
 
 @pytest.fixture
-def few_threads_operator(crd: None, devcluster: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def few_threads_operator(crd: None, devcluster: Any) -> Iterator[None]:
     """The operator with fewer Kopf handler threads than the rollouts this test keeps running."""
-    monkeypatch.setenv("QWEN_HICACHE_WORKERS", str(HANDLER_THREADS))  # read by the startup handler
-    with operator_thread():
+    with operator_thread(settings=operator_settings(workers=HANDLER_THREADS)):
         yield
 
 
