@@ -68,10 +68,11 @@ Shared by the ClusterRole (cluster-wide mode) and every Role (namespace-scoped m
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# The client and headless Services: read to compare, server-side apply (create + patch, as above).
+# The client, headless and router Services: listed by the server's labels to compare (one list for all of
+# them), server-side apply (create + patch, as above).
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["list", "create", "patch"]
 # Events on the resource (condition transitions, Kopf's handler errors).
 - apiGroups: [""]
   resources: ["events"]
