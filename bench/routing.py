@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 
 from qwen_hicache.launch import MAX_SIZE_ENV  # noqa: E402
 
-from harness.sim.routerlab import RouterLab, unshare_available  # noqa: E402
+from harness.sim.nameshim import unshare_available  # noqa: E402
+from harness.sim.routerlab import RouterLab  # noqa: E402
 
 PHASES = ("steady", "during rollout", "after rollout", "after router restart")
 CONFIGS = {

@@ -33,19 +33,12 @@ from qwen_hicache.router import router_workers
 from qwen_hicache.spec import QwenHiCacheServerSpec
 
 from harness.sim.cluster import IpPool
+from harness.sim.nameshim import NameShim, with_hosts
 from harness.sim.sglang_tree import TREE_ENV, patched_sglang_tree
 
 NAME, NAMESPACE, MODEL = "chat", "lab", "Qwen/sim-router"
 ENGINE_PORT = 30000
 ROUTER_PORT = 8000
-
-
-def unshare_available() -> bool:
-    """The name shim needs a private mount namespace (root and `unshare`)."""
-    if not shutil.which("unshare") or os.geteuid() != 0:
-        return False
-    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, timeout=10)
-    return probe.returncode == 0
 
 
 def smg_binary() -> str:
@@ -60,32 +53,6 @@ def lab_spec(replicas: int, **router: Any) -> QwenHiCacheServerSpec:
         "runtime": {"image": "runtime@sha256:" + "0" * 64, "port": ENGINE_PORT, "maxRequestSeconds": 30},
         "replicas": replicas, "router": {"enabled": True, **router},
     })  # fmt: skip
-
-
-class NameShim:
-    """The cluster DNS stand-in: a hosts file rewritten in place (same inode, so the bind mount sees it)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.base = Path("/etc/hosts").read_text()
-        self.records: dict[str, str] = {}
-        self.lock = threading.Lock()
-        self._write()
-
-    def set(self, host: str, ip: str | None) -> None:
-        with self.lock:
-            if ip is None:
-                self.records.pop(host, None)
-            else:
-                self.records[host] = ip
-            self._write()
-
-    def _write(self) -> None:
-        text = self.base + "".join(f"{ip} {host}\n" for host, ip in sorted(self.records.items()))
-        with open(self.path, "r+" if self.path.exists() else "w") as f:
-            f.seek(0)
-            f.write(text)
-            f.truncate()
 
 
 @dataclass
@@ -277,9 +244,8 @@ class RouterLab:
         return [smg_binary(), "launch", *args]
 
     def start_router(self) -> None:
-        script = f'mount --bind {self.shim.path} /etc/hosts && exec "$@"'
         with open(self.root / f"router-{self.router_starts}.log", "wb") as log:  # the child keeps its own fd
-            self.router_proc = subprocess.Popen(["unshare", "-m", "sh", "-c", script, "sh", *self.router_argv()],
+            self.router_proc = subprocess.Popen(with_hosts(self.shim.path, self.router_argv()),
                                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.router_starts += 1
         listed = {p.name for p in self.pods} - self.drained

@@ -23,7 +23,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from harness.sim.kubelet import CLUSTER_HOSTS
-from harness.sim.routerlab import NameShim
+from harness.sim.nameshim import NameShim
 
 ROUTER_IMAGE = "qwen-hicache-router"
 ROUTER_COMPONENT = "app.kubernetes.io/component=router"

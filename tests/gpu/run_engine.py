@@ -1,15 +1,18 @@
 """The real engine on a GPU: the patched SGLang 0.5.23 server on the tiny qwen4_exp checkpoint, launched as the
-operator renders it, a full restart that must come back warm from disk, judged by the operator's own code.
+operator renders it, a full restart that must come back warm from disk, judged by the operator's own code; and two
+such servers behind the real `smg` router, rolled in the rollout's order.
 
-    python3 tests/gpu/run_engine.py --site SITE --out DIR [--tp 2] [--smoke]
+    python3 tests/gpu/run_engine.py --site SITE --out DIR [--pieces DIR] [--parts engine,router] [--tp 2]
 
-SITE holds the runtime (tests/gpu/engine_wheels.py install, then runtime_patches/verify.py --apply, as
-Dockerfile.hicache does). Nothing here writes a command line: the server's argv, env, preStop hook and cache-guard
-init script are read from the StatefulSet `qwen-hicache render` prints for tests/gpu/data/tiny-qhc.yaml (only the
-model path, the bind address, the port and the cache volume's path are replaced, as a pod's mounts would), the
-cache directory is the operator's fingerprint, and the warm check is the rollout's own state machine
-(rollout.plan_rollout -> canary / delete / baseline / verify, performed the way reconciler._run_rollout does,
-with engine.generate / engine.cache_metrics against the real /metrics). Sequence and report: tests/gpu/README.md.
+With --pieces, the run first installs the runtime there (tests/gpu/engine_wheels.py install, then
+runtime_patches/verify.py --apply, as Dockerfile.hicache does). Nothing here writes a command line: the server's
+argv, env, preStop hook and cache-guard init script are read from the StatefulSet `qwen-hicache render` prints for
+tests/gpu/data/tiny-qhc.yaml (tests/gpu/engine_pod.py), the cache directory is the operator's fingerprint, and the
+warm check is the rollout's own state machine (engine_pod.rolling_restart). The router part: engine_router.py.
+
+Every step has its own time budget (an alarm) and its own try/except; the report (DIR/engine-tpN.json) and the
+log are written after each step, so a step that fails or runs out of time costs only what needs it, and the whole
+run ends before --deadline seconds. Sequence and report: tests/gpu/README.md.
 """
 
 from __future__ import annotations
@@ -18,10 +21,8 @@ import argparse
 import contextlib
 import datetime
 import hashlib
-import http.client
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -31,295 +32,108 @@ import tarfile
 import time
 import traceback
 from pathlib import Path
+from types import SimpleNamespace
 
-REPO = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
-SPEC = HERE / "data" / "tiny-qhc.yaml"
-CORPUS = HERE / "data" / "tiny_corpus.txt"
-SHIM = HERE / "shim"  # flash_attn stand-in: the runtime's own Triton kernel (shim/flash_attn/__init__.py)
-ENGINE_PATH: list[str] = []  # extra PYTHONPATH entries for --engine-cmd (the CPU test's engine stand-in)
-ENGINE_CMD: list[str] = []  # replaces `python3 -m sglang.launch_server` (CPU test only)
-LOG_LINES: list[str] = []
-T0 = time.time()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import engine_pod as ep  # noqa: E402
+from engine_pod import HERE, REPO, SHIM, log  # noqa: E402
 
 
-def log(msg: str) -> None:
-    line = f"[{time.time() - T0:7.1f}s] {msg}"
-    print(line, flush=True)
-    LOG_LINES.append(line)
+# ---- time budgets ----------------------------------------------------------------------------------------------
+class OverBudget(Exception):
+    pass
 
 
-# ---- the operator's outputs -----------------------------------------------------------------------------------
-def operator_cli(args: list[str], site: Path) -> str:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(site)])}
-    return subprocess.run([sys.executable, "-m", "qwen_hicache.cli", *args], check=True, capture_output=True,
-                          text=True, env=env).stdout  # fmt: skip
+@contextlib.contextmanager
+def alarm(seconds: float):
+    """Raise OverBudget in this (the main) thread after `seconds`: blocking socket reads are interrupted too."""
 
+    def fire(signum, frame):
+        raise OverBudget(f"over its {seconds:.0f} s budget")
 
-def spec_file(work: Path, tp: int, **runtime) -> Path:
-    import yaml
-
-    doc = yaml.safe_load(SPEC.read_text())
-    doc["spec"]["runtime"]["tensorParallelSize"] = tp
-    doc["spec"]["runtime"].update(runtime)
-    path = work / f"spec-tp{tp}-{hashlib.sha256(json.dumps(runtime, sort_keys=True).encode()).hexdigest()[:8]}.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
-def expand(value: str, env: dict[str, str]) -> str:
-    """The kubelet's $(VAR) expansion of command and args ($$ escapes)."""
-    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
-                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), value)  # fmt: skip
-
-
-def plan(site: Path, path: Path, model_dir: Path, cache_root: Path, port: int) -> dict:
-    """What a pod of this resource runs, from the rendered StatefulSet, with the pod's mounts mapped to paths."""
-    import yaml
-
-    docs = [d for d in yaml.safe_load_all(operator_cli(["render", str(path)], site)) if d]
-    sts = next(d for d in docs if d["kind"] == "StatefulSet")
-    pod = sts["spec"]["template"]
-    server = next(c for c in pod["spec"]["containers"] if c["name"] == "sglang")
-    guard = next(c for c in pod["spec"]["initContainers"] if c["name"] == "cache-guard")
-    mounts = {m["name"]: m["mountPath"] for m in server["volumeMounts"]}
-    model_mount, cache_mount = mounts["model"], mounts["hicache"]
-
-    def env_of(container) -> dict[str, str]:
-        out = {}
-        for e in container.get("env", []):
-            if "value" in e:
-                out[e["name"]] = str(e["value"]).replace(cache_mount, str(cache_root))
-        return out
-
-    env = env_of(server)
-    env["QWEN_HICACHE_ADMIN_API_KEY"] = hashlib.sha256(f"admin:{path.name}".encode()).hexdigest()[:32]
-    argv = [expand(a, env) for a in server["command"] + server["args"]]
-    rendered_cmd = list(server["command"])
-    if ENGINE_CMD:
-        argv = ENGINE_CMD + argv[len(server["command"]):]
-    i = argv.index("--model-path")
-    rendered_model = argv[i + 1]
-    argv[i + 1] = str(model_dir)
-    argv[argv.index("--host") + 1] = "127.0.0.1"
-    argv[argv.index("--port") + 1] = str(port)
-    env["QWEN_HICACHE_PORT"] = str(port)
-    sizing = json.loads(operator_cli(["size", str(path), "-o", "json"], site))
-    return {
-        "argv": argv, "env": env, "rendered_model_path": rendered_model, "model_mount": model_mount,
-        "prestop": server["lifecycle"]["preStop"]["exec"]["command"], "guard": guard["command"],
-        "guard_env": env_of(guard), "fingerprint": env["QWEN_HICACHE_FINGERPRINT"],
-        "cache_dir": env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"],
-        "grace": pod["spec"]["terminationGracePeriodSeconds"],
-        "memory_limit": int(server["resources"]["limits"]["memory"]),
-        "shm_limit": int(next(v for v in pod["spec"]["volumes"] if v["name"] == "dshm")["emptyDir"]["sizeLimit"]),
-        "sizing": sizing, "name": sts["metadata"]["name"], "spec_path": str(path), "rendered_command": rendered_cmd,
-    }  # fmt: skip
-
-
-# ---- a pod's life: init container, server, preStop + SIGTERM ---------------------------------------------------
-class Server:
-    def __init__(self, p: dict, site: Path, logdir: Path, tag: str, tp: int):
-        self.p, self.site, self.tag, self.tp = p, site, tag, tp
-        self.log_path = logdir / f"server-{tag}.log"
-        self.port = int(p["env"]["QWEN_HICACHE_PORT"])
-        self.proc: subprocess.Popen | None = None
-        self.uid = hashlib.sha256(f"{tag}:{time.time()}".encode()).hexdigest()[:12]
-        self.peak = {"rss_bytes": 0, "shm_used_bytes": 0}
-
-    def _sample(self) -> None:
-        """Peak memory of the server's process tree (what the pod's limit caps) and /dev/shm use, every 0.5 s."""
-        import psutil
-
-        while self.proc is not None and self.proc.poll() is None:
-            try:
-                root = psutil.Process(self.proc.pid)
-                rss = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
-                shm = shutil.disk_usage("/dev/shm").used if os.path.isdir("/dev/shm") else 0
-                self.peak["rss_bytes"] = max(self.peak["rss_bytes"], rss)
-                self.peak["shm_used_bytes"] = max(self.peak["shm_used_bytes"], shm)
-            except Exception:  # a process that just exited
-                pass
-            time.sleep(0.5)
-
-    def run_guard(self) -> str:
-        env = {**os.environ, **self.p["guard_env"]}
-        r = subprocess.run(self.p["guard"], env=env, capture_output=True, text=True, timeout=120)
-        out = (r.stdout + r.stderr).strip()
-        log(f"cache-guard [{self.tag}] rc={r.returncode}: {out}")
-        if r.returncode != 0:
-            raise RuntimeError(f"cache-guard failed: {out}")
-        return out
-
-    def start(self, timeout: float = 540) -> float:
-        self.run_guard()
-        path = os.pathsep.join([str(self.site), str(SHIM), *ENGINE_PATH])
-        env = {**os.environ, **self.p["env"], "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
-        env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(self.tp)))
-        t = time.time()
-        self.fh = open(self.log_path, "ab")  # noqa: SIM115 - the server writes it until it exits
-        self.proc = subprocess.Popen(self.p["argv"], env=env, stdout=self.fh, stderr=subprocess.STDOUT,
-                                     start_new_session=True)  # fmt: skip
-        import threading
-
-        threading.Thread(target=self._sample, daemon=True).start()
-        while time.time() - t < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server {self.tag} exited rc={self.proc.returncode} during start-up:\n"
-                                   + self.tail(60))  # fmt: skip
-            if http_status(self.port, "/health") == 200 and http_status(self.port, "/ready") == 200:
-                took = time.time() - t
-                log(f"server {self.tag} ready in {took:.1f}s (pid {self.proc.pid})")
-                return took
-            time.sleep(1)
-        raise RuntimeError(f"server {self.tag} not ready after {timeout}s:\n" + self.tail(60))
-
-    def tail(self, n: int) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-    def stop_as_pod(self) -> dict:
-        """preStop (the rendered hook, with the pod's env), then SIGTERM, bounded by the grace period."""
-        t = time.time()
-        env = {**os.environ, **self.p["env"]}
-        r = subprocess.run(self.p["prestop"], env=env, capture_output=True, text=True, timeout=self.p["grace"])
-        prestop_s = time.time() - t
-        log(f"preStop [{self.tag}] rc={r.returncode} in {prestop_s:.1f}s: {(r.stdout + r.stderr).strip()[-300:]}")
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout=max(1.0, self.p["grace"] - prestop_s))
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            rc = self.proc.wait()
-            log(f"server {self.tag}: SIGKILL after the grace period")
-        self.kill_rest()
-        total = time.time() - t
-        log(f"server {self.tag} exited rc={rc}; stop took {total:.1f}s")
-        return {"prestop_rc": r.returncode, "prestop_output": (r.stdout + r.stderr).strip()[-500:],
-                "prestop_s": round(prestop_s, 2), "exit_code": rc, "stop_s": round(total, 2)}  # fmt: skip
-
-    def kill_rest(self) -> None:
-        if self.proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None and http_status(self.port, "/health") == 200
-
-
-def http_status(port: int, path: str) -> int | None:
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1.0))
     try:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-        c.request("GET", path)
-        return c.getresponse().status
-    except OSError:
-        return None
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
-def generate(port: int, text: str, max_new: int, top: int = 20) -> dict:
-    """One greedy streamed request: time to first token, output ids, the first token's top log-probs, cache report."""
-    sampling = {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}
-    body = json.dumps({"text": text, "stream": True, "return_logprob": True, "top_logprobs_num": top,
-                       "logprob_start_len": -1, "sampling_params": sampling})  # fmt: skip
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+class Run:
+    """The report and the steps: each with a budget and its own try/except; the report saved after each."""
+
+    def __init__(self, args, report: dict) -> None:
+        self.args, self.report = args, report
+        self.deadline = ep.T0 + args.deadline
+        self.base = ("install",) if args.pieces else ()
+        report.setdefault("steps", {})
+
+    def save(self) -> None:
+        out = self.args.out
+        (out / f"engine-tp{self.args.tp}.json").write_text(json.dumps(self.report, indent=1, default=str) + "\n")
+        (out / "engine.log").write_text("\n".join(ep.LOG_LINES) + "\n")
+
+    def step(self, name: str, budget: float, fn, needs: tuple[str, ...] = ()) -> bool:
+        steps = self.report["steps"]
+        missing = [n for n in needs if steps.get(n, {}).get("status") != "ok"]
+        left = self.deadline - time.time() - 5
+        if missing or left < 15:
+            why = f"needs {', '.join(missing)}" if missing else f"{left:.0f} s left before the run's deadline"
+            steps[name] = {"status": "skipped", "why": why}
+            log(f"step {name}: skipped ({why})")
+            self.save()
+            return False
+        b = min(budget, left)
+        log(f"step {name}: budget {b:.0f} s")
+        t = time.time()
+        try:
+            with alarm(b):
+                fn()
+            st = {"status": "ok"}
+        except OverBudget as err:
+            st = {"status": "timeout", "why": str(err)}
+        except Exception as err:  # every failure is recorded; the next step still runs
+            st = {"status": "error", "why": f"{type(err).__name__}: {err}"[:2000],
+                  "traceback": traceback.format_exc()[-3000:]}  # fmt: skip
+        st.update(seconds=round(time.time() - t, 1), budget_s=round(b))
+        if st["status"] != "ok":
+            ep.stop_all()
+        steps[name] = st
+        log(f"step {name}: {st['status']} in {st['seconds']} s" + (f" ({st['why'][:300]})" if "why" in st else ""))
+        self.save()
+        return st["status"] == "ok"
+
+
+# ---- install, as Dockerfile.hicache does -----------------------------------------------------------------------
+def install(args, report: dict) -> None:
     t = time.time()
-    c.request("POST", "/generate", body=body, headers={"Content-Type": "application/json"})
-    resp = c.getresponse()
-    if resp.status != 200:
-        raise RuntimeError(f"/generate {resp.status}: {resp.read()[:500]!r}")
-    ttft, last = None, None
-    if "event-stream" not in (resp.getheader("Content-Type") or ""):  # an engine that does not stream
-        last, ttft = json.loads(resp.read()), time.time() - t
-    toks: list = []
-    tops: list = []
-    for raw in resp if last is None else []:
-        line = raw.decode().strip()
-        if not line.startswith("data:") or line == "data: [DONE]":
-            continue
-        if ttft is None:
-            ttft = time.time() - t
-        last = json.loads(line[5:])
-        m = last.get("meta_info") or {}
-        toks = _accumulate(toks, m.get("output_token_logprobs") or [])
-        tops = _accumulate(tops, m.get("output_top_logprobs") or [])
-    if not toks:  # not streamed
-        m = last.get("meta_info") or {}
-        toks, tops = m.get("output_token_logprobs") or [], m.get("output_top_logprobs") or []
-    meta = last["meta_info"]
-    ids = last.get("output_ids") or meta.get("output_ids")
-    if not ids or len(ids) != len(toks):
-        ids = [x[1] for x in toks] or ids or list(last.get("text", "").encode())
-    first = {int(tid): float(lp) for lp, tid, *_ in ((tops[0] if tops else None) or [])}
-    return {"ttft_s": ttft, "total_s": time.time() - t, "ids": [int(i) for i in ids], "first_top": first,
-            "prompt_tokens": meta.get("prompt_tokens"), "cached": meta.get("cached_tokens_details") or {},
-            "cached_tokens": meta.get("cached_tokens")}  # fmt: skip
-
-
-def _accumulate(have: list, chunk: list) -> list:
-    """Streamed per-token lists arrive either whole so far (cumulative) or as the new tokens only."""
-    if len(chunk) >= len(have) and chunk[: len(have)] == have:
-        return list(chunk)
-    return have + list(chunk)
-
-
-def metrics(port: int) -> str:
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    c.request("GET", "/metrics")
-    return c.getresponse().read().decode()
-
-
-def metric_by_rank(text: str, name: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for labels, value in re.findall(rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? ([0-9.eE+-]+)$", text, re.M):
-        rank = re.search(r'tp_rank="(\d+)"', labels or "")
-        key = rank.group(1) if rank else "0"
-        out[key] = out.get(key, 0.0) + float(value)
-    return out
-
-
-# ---- prompts ---------------------------------------------------------------------------------------------------
-def documents(n: int, chars: int) -> list[str]:
-    """n distinct long documents made of the shipped corpus's paragraphs in a per-document order (seeded)."""
-    paras = [p for p in CORPUS.read_text().split("\n\n") if p.strip()]
-    docs = []
-    for i in range(n):
-        rng = random.Random(1000 + i)
-        parts, size = [f"Document {i}: notes on running the operator, part {i}.\n"], 0
-        while size < chars:
-            p = rng.choice(paras)
-            parts.append(p)
-            size += len(p) + 2
-        docs.append("\n\n".join(parts))
-    return docs
-
-
-def turn_text(doc: str, history: list[tuple[str, str]], question: str) -> str:
-    s = f"<|im_start|>system\nAnswer from the document.\n{doc}<|im_end|>\n"
-    for q, a in history:
-        s += f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n{a}<|im_end|>\n"
-    return s + f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
-
-
-QUESTIONS = ["What does the operator size?", "And what happens at a restart?", "Which volume keeps the cache?"]
-
-
-def conversations(n: int, turns: int, chars: int) -> list[list[str]]:
-    """Multi-turn prompts: turn k+1 extends turn k's prompt (fixed assistant replies), so prefixes are shared."""
-    out = []
-    for doc in documents(n, chars):
-        history: list[tuple[str, str]] = []
-        prompts = []
-        for t in range(turns):
-            prompts.append(turn_text(doc, history, QUESTIONS[t % len(QUESTIONS)]))
-            history.append((QUESTIONS[t % len(QUESTIONS)], f"Reply {t}: see the document."))
-        out.append(prompts)
-    return out
+    r = subprocess.run([sys.executable, str(HERE / "engine_wheels.py"), "install", "--pieces", str(args.pieces),
+                        "--site", str(args.site)], capture_output=True, text=True)  # fmt: skip
+    report["install"] = {"rc": r.returncode, "seconds": round(time.time() - t, 1),
+                         "output": (r.stdout + r.stderr)[-1500:]}  # fmt: skip
+    if r.returncode:
+        raise RuntimeError(f"install failed: {(r.stdout + r.stderr)[-800:]}")
+    t = time.time()
+    r = subprocess.run([sys.executable, str(REPO / "runtime_patches" / "verify.py"), "--tree", str(args.site),
+                        "--apply"], capture_output=True, text=True)  # fmt: skip
+    report["patches"] = {"rc": r.returncode, "seconds": round(time.time() - t, 1),
+                         "output": (r.stdout + r.stderr)[-1500:]}  # fmt: skip
+    if r.returncode:
+        raise RuntimeError(f"verify.py --apply failed: {(r.stdout + r.stderr)[-800:]}")
+    probe = ("import torch, sgl_kernel, sglang, triton, transformers; "
+             "print(torch.__version__, torch.cuda.is_available(), triton.__version__, transformers.__version__)")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(args.site)})  # fmt: skip
+    report["versions"] = (r.stdout + r.stderr).strip()[-500:]
+    log(f"installed in {report['install']['seconds']} s, patched in {report['patches']['seconds']} s: "
+        f"{report['versions']}")  # fmt: skip
 
 
 # ---- files on the cache volume ---------------------------------------------------------------------------------
+POOLS = ("draft_indexer", "draft", "indexer", "mamba")  # file-name tags (hicache_storage.PoolName); else KV
+
+
 def page_files(d: Path) -> dict[str, int]:
     try:
         return {e.name: e.stat().st_size for e in os.scandir(d) if e.name.endswith(".bin")}
@@ -327,7 +141,11 @@ def page_files(d: Path) -> dict[str, int]:
         return {}
 
 
-def wait_files_stable(d: Path, quiet: float = 2.0, timeout: float = 60) -> dict[str, int]:
+def pool_of(name: str) -> str:
+    return next((p for p in POOLS if f".{p}_" in name), "kv")
+
+
+def wait_files_stable(d: Path, quiet: float = 1.5, timeout: float = 60) -> dict[str, int]:
     t, last, since = time.time(), None, time.time()
     while time.time() - t < timeout:
         now = page_files(d)
@@ -335,7 +153,7 @@ def wait_files_stable(d: Path, quiet: float = 2.0, timeout: float = 60) -> dict[
             last, since = now, time.time()
         elif time.time() - since >= quiet:
             break
-        time.sleep(0.5)
+        time.sleep(0.25)
     return last or {}
 
 
@@ -344,7 +162,7 @@ def per_rank(files: dict[str, int], tp: int) -> dict[str, dict[str, int]]:
     for name in files:
         m = re.search(rf"_(\d+)_{tp}\.bin$", name)
         rank = m.group(1) if m else "?"
-        pool = "mamba" if ".mamba_" in name else "indexer" if ".indexer_" in name else "kv"
+        pool = pool_of(name)
         out.setdefault(rank, {}).setdefault(pool, 0)
         out[rank][pool] += 1
     return out
@@ -386,80 +204,13 @@ def tree_digest(d: Path) -> str:
     return h.hexdigest()
 
 
-# ---- the rollout, as the reconciler drives it ------------------------------------------------------------------
-def operator_modules(site: Path):
-    sys.path[:0] = [str(REPO / "operator"), str(site)]
-    import yaml
-    from qwen_hicache import engine, rollout
-    from qwen_hicache.spec import QwenHiCacheServerSpec
-
-    return engine, rollout, QwenHiCacheServerSpec, yaml
-
-
-def rolling_restart(site: Path, p: dict, old: Server, new: Server, report: dict, on_down=None) -> dict:
-    """reconciler._run_rollout's loop over one pod: canary on the old pod, delete (preStop + SIGTERM), the
-    successor starts, baseline from its /metrics, verify (the canary again + counters) -> warm or cold."""
-    engine, rollout, SpecModel, yaml = operator_modules(site)
-    doc = yaml.safe_load(Path(p["spec_path"]).read_text())
-    spec = SpecModel.model_validate(doc["spec"])
-    target_old = rollout.target_of(spec)
-    spec_new = spec.model_copy(update={"restart": "engine-run"})
-    target = rollout.target_of(spec_new)
-    ro = spec.rollout
-    require_warm = ro.require_warm_start and spec.hicache.disk.enabled
-    policy = rollout.Policy(ro.max_unavailable, ro.pod_timeout_seconds, require_warm, p["fingerprint"])
-    name = f"{p['name']}-0"
-    prompt = rollout.canary_prompt(p["name"])
-    state = {"server": old, "target": target_old}
-    rs, steps, out = None, [], {}
-    for _ in range(40):
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        s = state["server"]
-        ready = s is not None and s.alive()
-        views = [rollout.PodView(name=name, ordinal=0, uid=s.uid if s else "", ready=ready,
-                                 ip="127.0.0.1" if ready else None, target=state["target"],
-                                 fingerprint=p["fingerprint"])] if s else []  # fmt: skip
-        rs, actions = rollout.plan_rollout(rs, views, target, 1, policy, now)
-        for act in actions:
-            steps.append(act.kind)
-            log(f"rollout action {act.kind} on {act.pod}")
-            if act.kind == "canary":
-                res = engine.generate(act.ip, s.port, prompt)
-                out["canary_before"] = res.__dict__
-                rs = rollout.canary_sent(rs, act.pod, res.prompt_tokens, res.error)
-            elif act.kind == "delete":
-                out["stop"] = s.stop_as_pod()
-                if on_down:
-                    on_down()
-                state["server"] = None
-                rs = rollout.deleted(rs, act.pod, now)
-            elif act.kind == "baseline":
-                rs = rollout.baseline_read(rs, act.pod, act.uid, engine.cache_metrics(act.ip, s.port))
-            elif act.kind == "verify":
-                res = engine.generate(act.ip, s.port, prompt)
-                m = engine.cache_metrics(act.ip, s.port) if res.storage_tokens is not None else {}
-                out["canary_after"] = res.__dict__
-                out["metrics_after"] = m
-                rs = rollout.verified(rs, act.pod, res.storage_tokens, res.error, policy, now, m)
-        if state["server"] is None and "stop" in out:
-            out["start_s"] = new.start()
-            state.update(server=new, target=target)
-        if rs["phase"] in ("Complete", "Paused"):
-            break
-        if not actions:
-            time.sleep(1)
-    out.update(steps=steps, restart_status=rs, warm=bool(rs.get("results") and rs["results"][-1].get("warm")))
-    log(f"rollout phase={rs['phase']} steps={steps} results={rs.get('results')}")
-    return out
-
-
-# ---- the sequence ----------------------------------------------------------------------------------------------
-def run_prompts(port: int, convs: list[list[str]], max_new: int, label: str) -> list[list[dict]]:
+# ---- requests and their comparison -----------------------------------------------------------------------------
+def run_prompts(server: ep.Server, convs: list[list[str]], max_new: int, label: str, first: int = 0):
     out = []
-    for ci, prompts in enumerate(convs):
+    for ci, prompts in enumerate(convs, first):
         row = []
         for ti, text in enumerate(prompts):
-            r = generate(port, text, max_new)
+            r = ep.generate(server.host, server.port, text, max_new)
             log(f"{label} conv {ci} turn {ti}: prompt {r['prompt_tokens']} tok, ttft {r['ttft_s'] * 1e3:.1f} ms, "
                 f"cached {r['cached']}")  # fmt: skip
             row.append(r)
@@ -491,14 +242,17 @@ def median(xs: list[float]) -> float | None:
     return xs[len(xs) // 2] if xs else None
 
 
+def strip(res: list[list[dict]]) -> list[list[dict]]:
+    return [[{k: r[k] for k in ("ttft_s", "prompt_tokens", "cached", "ids")} for r in row] for row in res]
+
+
 def damage(d: Path, files_by_conv: list[set[str]], tp: int) -> dict:
     """Zero one page file, flip one bit in another, truncate a third (each of another conversation); at TP > 1
-    also delete one rank's shard of one page of a fourth. KV page files (no pool tag) are chosen."""
-    kv = lambda names: sorted(n for n in names if ".mamba_" not in n and ".indexer_" not in n)  # noqa: E731
+    also delete one rank's shard of one page of a fourth. KV page files are chosen."""
     done: dict[str, dict] = {}
     kinds = ["zeroed", "bitflip", "truncated"] + (["rank_shard_deleted"] if tp > 1 else [])
     for kind, names in zip(kinds, files_by_conv, strict=False):
-        cand = kv(names)
+        cand = sorted(n for n in names if pool_of(n) == "kv")
         if tp > 1:
             cand = [n for n in cand if re.search(rf"_1_{tp}\.bin$", n)] or cand
         if not cand:
@@ -523,162 +277,16 @@ def damage(d: Path, files_by_conv: list[set[str]], tp: int) -> dict:
     return done
 
 
-def copy_bench(site: Path, tp: int) -> dict:
+def copy_bench(site: Path) -> dict:
     """Host->GPU copy through the io backend the operator renders (kernel: sgl_kernel.kvcacheio, page_first),
     against one 1 GiB contiguous pinned copy, measured in a separate interpreter."""
-    code = HERE / "engine_copy_bench.py"
-    if not code.exists():
-        return {"ran": False, "why": "engine_copy_bench.py absent"}
     env = {**os.environ, "PYTHONPATH": str(site)}
-    r = subprocess.run([sys.executable, str(code)], env=env, capture_output=True, text=True, timeout=240)
+    r = subprocess.run([sys.executable, str(HERE / "engine_copy_bench.py")], env=env, capture_output=True,
+                       text=True, timeout=240)  # fmt: skip
     try:
         return json.loads(r.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return {"ran": False, "why": (r.stdout + r.stderr)[-800:]}
-
-
-def sequence(args, report: dict) -> None:
-    site, work, tp = args.site, args.work, args.tp
-    model_dir = work / "model" / "tiny-qwen4-exp"
-    cache_root, logs = work / "hicache", work / "logs"
-    for d in (cache_root, logs):
-        d.mkdir(parents=True, exist_ok=True)
-    if args.model_dir:
-        model_dir = args.model_dir
-    elif not (model_dir / "model.safetensors").exists():
-        t = time.time()
-        r = subprocess.run([sys.executable, str(HERE / "tiny_model.py"), "--sglang-site", str(site), "--check", "cuda",
-                            str(model_dir)],
-                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(site)})  # fmt: skip
-        log(f"tiny model built rc={r.returncode} in {time.time() - t:.1f}s: {(r.stdout + r.stderr).strip()[-400:]}")
-        if r.returncode:
-            raise RuntimeError("tiny model build failed")
-    if (model_dir / "manifest.json").exists():
-        report["model_manifest"] = json.loads((model_dir / "manifest.json").read_text())
-    port = 30000
-    p = plan(site, spec_file(work, tp), model_dir, cache_root, port)
-    report["launch"] = {k: p[k] for k in ("argv", "fingerprint", "cache_dir", "grace", "rendered_model_path")}
-    report["launch"]["env"] = {k: v for k, v in p["env"].items() if k != "QWEN_HICACHE_ADMIN_API_KEY"}
-    log("launch: " + " ".join(p["argv"]))
-    cdir = Path(p["cache_dir"])
-    n_conv = 2 if args.smoke else 4 + (1 if tp > 1 else 0)
-    convs = conversations(n_conv, 2, args.prompt_chars)
-    report["stand_ins"] = [f"flash_attn: {SHIM / 'flash_attn'} (QSA paged decode/verify rows through the runtime's "
-                           "own sparse_gqa_packed_decode_triton)"]
-    if ENGINE_CMD:
-        report["stand_ins"].append("engine: " + " ".join(ENGINE_CMD))
-
-    s1 = Server(p, site, logs, "cold", tp)
-    report["start_cold_s"] = s1.start()
-    cold, files_by_conv, seen = [], [], set()
-    for prompts in convs:
-        cold += run_prompts(port, [prompts], args.max_new, "cold")
-        now = set(wait_files_stable(cdir))
-        files_by_conv.append(now - seen)
-        seen |= now
-    m1 = metrics(port)
-    report["host_pool"] = {
-        "kv_tokens_per_rank": metric_by_rank(m1, "sglang:hicache_host_total_tokens"),
-        "mamba_states_per_rank": metric_by_rank(m1, "sglang:hicache_host_mamba_total_states"),
-        "operator_kv_tokens_per_rank": p["sizing"].get("hostKVTokensPerRank"),
-        "operator_mamba_slots_per_rank": p["sizing"].get("hostMambaSlotsPerRank"),
-    }  # fmt: skip
-    # Host-RAM hits: churn the device's Mamba slots with short distinct prompts, then ask the first turns again.
-    filler = [[t] for t in (f"<|im_start|>user\nfiller {i}: " + documents(1, 3000)[0][:2500] + f" {i}<|im_end|>\n"
-                            for i in range(0 if args.smoke else args.fillers))]  # fmt: skip
-    if filler:
-        run_prompts(port, filler, 1, "filler")
-    host = run_prompts(port, [[c[0]] for c in convs], args.max_new, "host-warm")
-    report["host_rerun_cached"] = [r[0]["cached"] for r in host]
-    files_cold = wait_files_stable(cdir)
-
-    files_before_stop = dict(files_cold)
-
-    def on_down():
-        report["files_after_flush"] = per_rank(page_files(cdir), tp)
-        report["files_after_flush_total"] = len(page_files(cdir))
-        report["disk_read"] = disk_read_gbps(cdir)
-
-    s2 = Server(p, site, logs, "warm", tp)
-    ro = rolling_restart(site, p, s1, s2, report, on_down)
-    report["rollout"] = {k: v for k, v in ro.items() if k != "restart_status"}
-    report["rollout"]["restart_status"] = ro.get("restart_status")
-    report["files_written_before_stop"] = len(files_before_stop)
-    warm = run_prompts(port, convs, args.max_new, "disk-warm")
-    cmp_warm = compare(cold, warm)
-    m2 = metrics(port)
-    report["restarts"] = [{
-        "warm": ro["warm"], "storage_hit_tokens": storage_hits(warm), **cmp_warm,
-        "storage_counter": metric_by_rank(m2, "sglang:cached_tokens_total"),
-    }]  # fmt: skip
-    report["ttft_cold_s"] = median([row[0]["ttft_s"] for row in cold])
-    report["ttft_host_s"] = median([r[0]["ttft_s"] for r in host if (r[0]["cached"].get("host") or 0) > 0])
-    report["ttft_disk_s"] = median([row[0]["ttft_s"] for row in warm])
-    report["ttft_device_s"] = median([row[1]["ttft_s"] for row in cold])
-    report["per_request"] = {"cold": strip(cold), "host": strip(host), "disk_warm": strip(warm)}
-    report["metrics_warm_excerpt"] = [ln for ln in m2.splitlines() if re.match(
-        r"sglang:(cached_tokens_total|prefetched_tokens_total|hicache_|load_back|storage_|backuped|prefill_effective)",
-        ln)][:80]  # fmt: skip
-    report["host_pool"]["allocation_log"] = [ln[-200:] for ln in s2.tail(100000).splitlines()
-                                             if "Allocating" in ln and "host memory" in ln][:8]  # fmt: skip
-    report["flash_attn_stand_in"] = [ln[-160:] for ln in s2.tail(100000).splitlines()
-                                     if "flash_attn stand-in" in ln][:2]  # fmt: skip
-    report["memory"] = {"limit_bytes": p["memory_limit"], "shm_limit_bytes": p["shm_limit"],
-                        "peak_cold": s1.peak, "peak_warm": dict(s2.peak),
-                        "held": max(s1.peak["rss_bytes"], s2.peak["rss_bytes"]) <= p["memory_limit"]
-                        and max(s1.peak["shm_used_bytes"], s2.peak["shm_used_bytes"]) <= p["shm_limit"]}  # fmt: skip
-    restore = restore_figures(m2, warm, p)
-    report.update(restore)
-    report["stop_warm"] = s2.stop_as_pod()
-    if args.smoke:
-        return
-
-    # A changed fingerprint input (KV dtype): a new, empty namespace; the old one is left as it was.
-    old_digest = tree_digest(cdir)
-    p3 = plan(site, spec_file(work, tp, kvCacheDtype="bfloat16"), model_dir, cache_root, port)
-    s3 = Server(p3, site, logs, "new-fingerprint", tp)
-    s3.start()
-    fresh = run_prompts(port, convs, args.max_new, "new-fingerprint")
-    report["fingerprint_change"] = {
-        "old": p["fingerprint"], "new": p3["fingerprint"], "storage_hit_tokens": storage_hits(fresh),
-        "new_dir_files": len(page_files(Path(p3["cache_dir"]))), "old_dir_unchanged": tree_digest(cdir) == old_digest,
-        "dirs": sorted(e.name for e in os.scandir(cache_root) if e.is_dir()),
-    }  # fmt: skip
-    s3.stop_as_pod()
-
-    # Damage while stopped: those pages are misses, never wrong output; the rest still hit.
-    report["damage_files"] = damage(cdir, files_by_conv, tp)
-    s4 = Server(p, site, logs, "damaged", tp)
-    s4.start()
-    dmg = run_prompts(port, convs, args.max_new, "damaged")
-    cmp_dmg = compare(cold, dmg)
-    per_conv = [int(r[0]["cached"].get("storage") or 0) for r in dmg]
-    ref_conv = [int(r[0]["cached"].get("storage") or 0) for r in warm]
-    verdict = {}
-    for kind, info in report["damage_files"].items():
-        c = info.get("conversation")
-        if c is None:
-            verdict[kind] = "not run: no file"
-        elif not s4.alive():
-            verdict[kind] = "server crashed"
-        elif dmg[c][0]["ids"] != cold[c][0]["ids"]:
-            verdict[kind] = "WRONG OUTPUT"
-        elif per_conv[c] < ref_conv[c]:
-            verdict[kind] = "miss"
-        else:
-            verdict[kind] = f"hit ({per_conv[c]} storage tokens, as undamaged: {ref_conv[c]})"
-    others = [i for i in range(len(convs)) if i not in {v.get("conversation") for v in report["damage_files"].values()}]
-    report["damage"] = verdict
-    report["damage_detail"] = {"storage_per_conversation": per_conv, "undamaged_reference": ref_conv,
-                               "others_still_hit": all(per_conv[i] > 0 for i in others), **cmp_dmg,
-                               "discards_log": [ln for ln in s4.tail(4000).splitlines()
-                                                if re.search("discard|checksum", ln, re.I)][-20:]}  # fmt: skip
-    report["restarts"].append({"warm": per_conv and any(per_conv), "storage_hit_tokens": storage_hits(dmg), **cmp_dmg,
-                               "note": "after damaging pages"})  # fmt: skip
-    report["stop_damaged"] = s4.stop_as_pod()
-    report["copy"] = copy_bench(site, tp)
-    report["copy_gbps"] = report["copy"].get("kernel_gbps")
-    report["copy_limit_gbps"] = report["copy"].get("limit_gbps")
 
 
 def restore_figures(m: str, warm: list[list[dict]], p: dict) -> dict:
@@ -697,10 +305,245 @@ def restore_figures(m: str, warm: list[list[dict]], p: dict) -> dict:
             "restore_gbps": round(total / secs / 1e9, 3) if secs else None}  # fmt: skip
 
 
-def strip(res: list[list[dict]]) -> list[list[dict]]:
-    return [[{k: r[k] for k in ("ttft_s", "prompt_tokens", "cached", "ids")} for r in row] for row in res]
+# ---- the engine sequence (one pod) -----------------------------------------------------------------------------
+def step_model(args, st, report: dict) -> None:
+    """The tiny checkpoint (built here unless --model-dir names one); the runtime's load_weights check beside."""
+    model_dir = args.model_dir or args.work / "model" / "tiny-qwen4-exp"
+    env = {**os.environ, "PYTHONPATH": str(args.site)}
+    if args.model_dir is None and not (model_dir / "model.safetensors").exists():
+        t = time.time()
+        r = subprocess.run([sys.executable, str(HERE / "tiny_model.py"), "--sglang-site", str(args.site),
+                            str(model_dir)], capture_output=True, text=True, env=env)  # fmt: skip
+        log(f"tiny model built rc={r.returncode} in {time.time() - t:.1f}s: {(r.stdout + r.stderr).strip()[-400:]}")
+        if r.returncode:
+            raise RuntimeError(f"tiny model build failed: {(r.stdout + r.stderr)[-800:]}")
+    st.model_dir = model_dir
+    if (model_dir / "manifest.json").exists():
+        report["model_manifest"] = json.loads((model_dir / "manifest.json").read_text())
+    if args.check_weights:  # every target and draft parameter written by the runtime's own load_weights
+        st.check_log = args.work / "logs" / "weights-check.log"
+        st.check = subprocess.Popen([sys.executable, str(HERE / "tiny_model.py"), "--sglang-site", str(args.site),
+                                     "--check-only", "cuda", str(model_dir)], env=env,
+                                    stdout=open(st.check_log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
 
 
+def collect_check(st, report: dict) -> None:
+    proc = getattr(st, "check", None)
+    if proc is None:
+        return
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    text = st.check_log.read_text(errors="replace")
+    found = [json.loads(ln) for ln in text.splitlines() if ln.startswith("{") and '"missing"' in ln]
+    report["weights_check"] = {"rc": proc.returncode, **(found[-1] if found else {"output": text[-1500:]})}
+
+
+def step_cold(args, st, report: dict) -> None:
+    tp = args.tp
+    st.p = ep.plan(args.site, ep.spec_file(args.work, tp), st.model_dir, args.work / "hicache", 30000, args.host)
+    p = st.p
+    report["launch"] = {k: p[k] for k in ("argv", "fingerprint", "cache_dir", "grace", "rendered_model_path")}
+    report["launch"]["env"] = {k: v for k, v in p["env"].items() if k != "QWEN_HICACHE_ADMIN_API_KEY"}
+    log("launch: " + " ".join(p["argv"]))
+    st.cdir = Path(p["cache_dir"])
+    n_conv = 2 if args.smoke else 4 + (1 if tp > 1 else 0)
+    st.convs = ep.conversations(n_conv, 2, args.prompt_chars)
+    report["stand_ins"] = [f"flash_attn: {SHIM / 'flash_attn'} (QSA paged decode/verify rows through "
+                           "sglang-kernel's FA3, else the runtime's own sparse_gqa_packed_decode_triton)"]
+    if "--disable-cuda-graph" in p["argv"]:
+        report["stand_ins"].append("CUDA graphs off (--disable-cuda-graph through runtime.extraArgs)")
+    if report.get("versions"):
+        report["stand_ins"].append(f"torch, triton, transformers on the machine: {report['versions']} "
+                                   "(the lock pins triton 3.8.0)")
+    if ep.ENGINE_CMD:
+        report["stand_ins"].append("engine: " + " ".join(ep.ENGINE_CMD))
+    st.s1 = ep.Server(p, args.site, st.logs, "cold", tp)
+    report["start_cold_s"] = st.s1.start()
+    st.cold, st.files_by_conv, seen = [], [], set()
+    for i, prompts in enumerate(st.convs):
+        st.cold += run_prompts(st.s1, [prompts], args.max_new, "cold", i)
+        now = set(wait_files_stable(st.cdir))
+        st.files_by_conv.append(now - seen)
+        seen |= now
+    report["ttft_cold_s"] = median([row[0]["ttft_s"] for row in st.cold])
+    report["ttft_device_s"] = median([row[1]["ttft_s"] for row in st.cold])
+    m1 = ep.metrics(st.s1.host, st.s1.port)
+    report["host_pool"] = {
+        "kv_tokens_per_rank": ep.metric_by_rank(m1, "sglang:hicache_host_total_tokens"),
+        "mamba_states_per_rank": ep.metric_by_rank(m1, "sglang:hicache_host_mamba_total_states"),
+        "operator_kv_tokens_per_rank": p["sizing"].get("hostKVTokensPerRank"),
+        "operator_mamba_slots_per_rank": p["sizing"].get("hostMambaSlotsPerRank"),
+    }  # fmt: skip
+    # Host-RAM hits: churn the device's Mamba slots with short distinct prompts, then ask the first turns again.
+    filler = [[f"<|im_start|>user\nfiller {i}: " + ep.documents(1, 3000, 500 + i)[0][:2500] + "<|im_end|>\n"]
+              for i in range(0 if args.smoke else args.fillers)]  # fmt: skip
+    if filler:
+        run_prompts(st.s1, filler, 1, "filler")
+    st.host = run_prompts(st.s1, [[c[0]] for c in st.convs], args.max_new, "host-warm")
+    report["host_rerun_cached"] = [r[0]["cached"] for r in st.host]
+    report["ttft_host_s"] = median([r[0]["ttft_s"] for r in st.host if (r[0]["cached"].get("host") or 0) > 0])
+    report["per_request"] = {"cold": strip(st.cold), "host": strip(st.host)}
+    st.files_before_stop = wait_files_stable(st.cdir)
+
+
+def step_restart(args, st, report: dict) -> None:
+    """The operator's rollout over the one pod; then the same prompts, judged against the cold run."""
+    tp, p = args.tp, st.p
+
+    def on_down(slot) -> None:
+        files = page_files(st.cdir)
+        report["files_after_flush"] = per_rank(files, tp)
+        report["files_after_flush_total"] = len(files)
+        report["disk_read"] = disk_read_gbps(st.cdir)
+
+    slot = ep.Slot(f"{p['name']}-0", 0, st.s1, lambda: ep.Server(p, args.site, st.logs, "warm", tp))
+    ro = ep.rolling_restart(args.site, Path(p["spec_path"]), [slot], on_down=on_down)
+    report["rollout"] = ro
+    report["files_written_before_stop"] = len(st.files_before_stop)
+    s2 = st.s2 = slot.server
+    warm = run_prompts(s2, st.convs, args.max_new, "disk-warm")
+    st.warm = warm
+    m2 = ep.metrics(s2.host, s2.port)
+    report["restarts"] = [{"warm": ro["warm"].get(slot.name, False), "storage_hit_tokens": storage_hits(warm),
+                           **compare(st.cold, warm),
+                           "storage_counter": ep.metric_by_rank(m2, "sglang:cached_tokens_total")}]  # fmt: skip
+    report["ttft_disk_s"] = median([row[0]["ttft_s"] for row in warm])
+    report["per_request"]["disk_warm"] = strip(warm)
+    report["metrics_warm_excerpt"] = [ln for ln in m2.splitlines() if re.match(
+        r"sglang:(cached_tokens_total|prefetched_tokens_total|hicache_|load_back|storage_|backuped|prefill_effective)",
+        ln)][:80]  # fmt: skip
+    log_text = s2.tail(100000).splitlines()
+    report["host_pool"]["allocation_log"] = [ln[-200:] for ln in log_text
+                                             if "Allocating" in ln and "host memory" in ln][:8]  # fmt: skip
+    report["flash_attn_stand_in"] = [ln[-160:] for ln in log_text if "flash_attn stand-in" in ln][:2]
+    report["memory"] = {"limit_bytes": p["memory_limit"], "shm_limit_bytes": p["shm_limit"],
+                        "peak_cold": st.s1.peak, "peak_warm": dict(s2.peak),
+                        "held": max(st.s1.peak["rss_bytes"], s2.peak["rss_bytes"]) <= p["memory_limit"]
+                        and max(st.s1.peak["shm_used_bytes"], s2.peak["shm_used_bytes"]) <= p["shm_limit"]}  # fmt: skip
+    report.update(restore_figures(m2, warm, p))
+    report["stop_warm"] = s2.stop_as_pod()
+
+
+def step_fingerprint_and_damage(args, st, report: dict) -> None:
+    """Two pods at once on their own ports: a changed fingerprint input (KV dtype: a new, empty namespace; the old
+    one's listing unchanged) and the old namespace with three damaged page files (misses, never wrong output)."""
+    tp = args.tp
+    report["damage_files"] = damage(st.cdir, st.files_by_conv, tp)  # every server of this namespace is stopped
+    p3 = ep.plan(args.site, ep.spec_file(args.work, tp, kvCacheDtype="bfloat16"), st.model_dir,
+                 args.work / "hicache", 30001, args.host)  # fmt: skip
+    p4 = ep.plan(args.site, Path(st.p["spec_path"]), st.model_dir, args.work / "hicache", 30002, args.host)
+    s3 = ep.Server(p3, args.site, st.logs, "new-fingerprint", tp)
+    s4 = ep.Server(p4, args.site, st.logs, "damaged", tp)
+    report["start_fingerprint_damaged_s"] = ep.start_together([s3, s4])
+    digest = tree_digest(st.cdir)  # after both init containers ran (the guard touches its namespace's marker)
+    fresh = run_prompts(s3, st.convs, args.max_new, "new-fingerprint")
+    report["fingerprint_change"] = {
+        "old": st.p["fingerprint"], "new": p3["fingerprint"], "storage_hit_tokens": storage_hits(fresh),
+        "new_dir_files": len(page_files(Path(p3["cache_dir"]))), "old_dir_unchanged": tree_digest(st.cdir) == digest,
+        "dirs": sorted(e.name for e in os.scandir(args.work / "hicache") if e.is_dir()),
+    }  # fmt: skip
+    report["stop_new_fingerprint"] = s3.stop_as_pod()
+    dmg = run_prompts(s4, st.convs, args.max_new, "damaged")
+    cmp_dmg = compare(st.cold, dmg)
+    per_conv = [int(r[0]["cached"].get("storage") or 0) for r in dmg]
+    warm = getattr(st, "warm", None)
+    ref_conv = [int(r[0]["cached"].get("storage") or 0) for r in warm] if warm else None
+    verdict = {}
+    for kind, info in report["damage_files"].items():
+        c = info.get("conversation")
+        if c is None:
+            verdict[kind] = "not run: no file"
+        elif not s4.alive():
+            verdict[kind] = "server crashed"
+        elif dmg[c][0]["ids"] != st.cold[c][0]["ids"]:
+            verdict[kind] = "WRONG OUTPUT"
+        elif ref_conv is None:
+            verdict[kind] = f"served correctly ({per_conv[c]} storage tokens; no undamaged disk-warm reference)"
+        elif per_conv[c] < ref_conv[c]:
+            verdict[kind] = "miss"
+        else:
+            verdict[kind] = f"hit ({per_conv[c]} storage tokens, as undamaged: {ref_conv[c]})"
+    damaged = {v.get("conversation") for v in report["damage_files"].values()}
+    others = [i for i in range(len(st.convs)) if i not in damaged]
+    report["damage"] = verdict
+    report["damage_detail"] = {"storage_per_conversation": per_conv, "undamaged_reference": ref_conv,
+                               "others_still_hit": all(per_conv[i] > 0 for i in others), **cmp_dmg,
+                               "discards_log": [ln for ln in s4.tail(4000).splitlines()
+                                                if re.search("discard|checksum", ln, re.I)][-20:]}  # fmt: skip
+    report.setdefault("restarts", []).append({"warm": any(per_conv), "storage_hit_tokens": storage_hits(dmg),
+                                              **cmp_dmg, "note": "after damaging pages"})  # fmt: skip
+    report["stop_damaged"] = s4.stop_as_pod()
+
+
+def step_wide(args, st, report: dict) -> None:
+    """TTFT where prefill costs real compute: the architecture at Flash-Next's own widths (tiny_model.WIDE, 8
+    layers), its geometry derived by the operator, cold first turns, a stop as a pod stops, a fresh process, the
+    same first turns from disk (page cache dropped first), judged against the cold tokens."""
+    sys.path.insert(0, str(REPO / "operator"))
+    import tiny_model
+    from qwen_hicache.geometry import from_hf_config
+
+    model_dir = args.work / "model" / "wide-qwen4-exp"
+    env = {**os.environ, "PYTHONPATH": str(args.site)}
+    t = time.time()
+    if not (model_dir / "model.safetensors").exists() and not ep.ENGINE_CMD:
+        r = subprocess.run([sys.executable, str(HERE / "tiny_model.py"), "--sglang-site", str(args.site), "--scale",
+                            "wide", "--values-device", "cuda", str(model_dir)], capture_output=True, text=True,
+                           env=env)  # fmt: skip
+        if r.returncode:
+            raise RuntimeError(f"wide model build failed: {(r.stdout + r.stderr)[-800:]}")
+    elif ep.ENGINE_CMD:  # the CPU test's stand-in needs no weights
+        subprocess.run([sys.executable, str(HERE / "tiny_model.py"), "--no-weights", "--scale", "wide",
+                        str(model_dir)], check=True, capture_output=True)  # fmt: skip
+    weights = (model_dir / "model.safetensors").stat().st_size if (model_dir / "model.safetensors").exists() else 0
+    wide = report["wide"] = {"dims": tiny_model.WIDE, "weight_bytes": weights, "build_s": round(time.time() - t, 1)}
+    geometry = from_hf_config(tiny_model.config("wide")).model_dump(by_alias=True, exclude_none=True)
+    geometry["gpuWeightBytes"] = max(weights, 1)
+    spec = ep.spec_file(args.work, args.tp, model={"geometry": geometry, "revision": "wide-qwen4-exp-seed0"})
+    p = ep.plan(args.site, spec, model_dir, args.work / "hicache-wide", 30003, args.host)
+    wide["fingerprint"] = p["fingerprint"]
+    first = [[c[0]] for c in st.convs]
+    s1 = ep.Server(p, args.site, st.logs, "wide-cold", args.tp)
+    wide["start_cold_s"] = s1.start()
+    cold = run_prompts(s1, first, args.max_new, "wide-cold")
+    wait_files_stable(Path(p["cache_dir"]))
+    wide["stop"] = s1.stop_as_pod()
+    drop_page_cache(Path(p["cache_dir"]))
+    s2 = ep.Server(p, args.site, st.logs, "wide-warm", args.tp)
+    wide["start_warm_s"] = s2.start()
+    warm = run_prompts(s2, first, args.max_new, "wide-disk-warm")
+    wide.update(compare(cold, warm), storage_hit_tokens=storage_hits(warm),
+                ttft_cold_s=median([r[0]["ttft_s"] for r in cold]), ttft_disk_s=median([r[0]["ttft_s"] for r in warm]),
+                per_request={"cold": strip(cold), "disk_warm": strip(warm)})  # fmt: skip
+    if wide["ttft_cold_s"] and wide["ttft_disk_s"] is not None:
+        wide["disk_vs_cold"] = round(wide["ttft_disk_s"] / wide["ttft_cold_s"], 3)
+    s2.stop_as_pod()
+
+
+def step_copy(args, st, report: dict) -> None:
+    report["copy"] = copy_bench(args.site)
+    report["copy_gbps"] = report["copy"].get("kernel_gbps")
+    report["copy_limit_gbps"] = report["copy"].get("limit_gbps")
+
+
+def engine_part(run: Run, args, st) -> None:
+    r = run.report
+    run.step("model", 120, lambda: step_model(args, st, r), needs=run.base)
+    run.step("cold", args.budget_cold, lambda: step_cold(args, st, r), needs=("model",))
+    run.step("restart", args.budget_restart, lambda: step_restart(args, st, r), needs=("cold",))
+    if not args.smoke:
+        run.step("fingerprint_and_damage", args.budget_damage, lambda: step_fingerprint_and_damage(args, st, r),
+                 needs=("cold",))  # fmt: skip
+        run.step("copy", 90, lambda: step_copy(args, st, r), needs=run.base)
+        if args.wide:
+            run.step("wide", args.budget_wide, lambda: step_wide(args, st, r), needs=("cold",))
+    collect_check(st, r)
+    run.save()
+
+
+# ---- the record ------------------------------------------------------------------------------------------------
 def environment() -> dict:
     out = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")}
     try:
@@ -713,11 +556,17 @@ def environment() -> dict:
 
 BENCH_JSON = REPO / "bench" / "gpu_engine.json"
 RECORD_KEYS = ("date", "gpu", "model_type", "tp", "restarts", "ttft_cold_s", "ttft_host_s", "ttft_disk_s",
-               "restore_gbps", "disk_read_gbps", "copy_gbps", "copy_limit_gbps", "damage")  # fmt: skip
+               "restore_gbps", "disk_read_gbps", "copy_gbps", "copy_limit_gbps", "damage",
+               "router", "wide")  # fmt: skip
+WIDE_KEYS = ("weight_bytes", "ttft_cold_s", "ttft_disk_s", "disk_vs_cold", "storage_hit_tokens", "tokens_identical",
+             "prompts", "logits_max_abs_diff")  # fmt: skip
+ROUTER_KEYS = ("replicas", "policy", "conversations", "landed_before", "landed_after", "stayed", "warm",
+               "storage_tokens_after", "deferred_deletes")  # fmt: skip
 
 
 def bench_record(report: dict) -> dict:
-    """The run as bench/gpu_engine.json keeps it: exactly the issue's fields, None where nothing was measured."""
+    """The run as bench/gpu_engine.json keeps it: the issue's fields, None where nothing was measured, and the
+    router part's outcome under `router`."""
     out = {k: report.get(k) for k in RECORD_KEYS}
     out["disk_read_gbps"] = (report.get("disk_read") or {}).get("gbps")
     out["restarts"] = [{k: r.get(k) for k in ("warm", "storage_hit_tokens", "tokens_identical", "logits_max_abs_diff")}
@@ -725,30 +574,69 @@ def bench_record(report: dict) -> dict:
     dmg = report.get("damage") or {}
     out["damage"] = {k: dmg.get(k, "not run") for k in ("zeroed", "bitflip", "truncated", *(
         ["rank_shard_deleted"] if report.get("tp", 1) > 1 else []))}  # fmt: skip
+    rt = report.get("router") or {}
+    rollout = rt.get("rollout") or {}
+    out["router"] = {"replicas": len(rt.get("pods") or {}) or None, "policy": "prefix_hash" if rt else None,
+                     "conversations": len(rt.get("landed_before") or []) or None,
+                     "landed_before": rt.get("landed_before"), "landed_after": rt.get("landed_after"),
+                     "stayed": rt.get("stayed"), "warm": rt.get("warm"),
+                     "storage_tokens_after": rt.get("storage_tokens_after"),
+                     "deferred_deletes": rollout.get("deferred_deletes")} if rt else None  # fmt: skip
+    wide = report.get("wide")
+    out["wide"] = {k: wide.get(k) for k in WIDE_KEYS} if wide else None
     return out
 
 
-def record(raw: Path) -> dict:
-    """Add (or replace, by tp) the run in bench/gpu_engine.json."""
-    rec = bench_record(json.loads(raw.read_text()))
+def record(raw: list[Path]) -> dict:
+    """Merge the call(s) of one run (a router call may come separately) into bench/gpu_engine.json (by tp)."""
+    report: dict = {}
+    for path in raw:
+        part = json.loads(path.read_text())
+        steps = {**report.get("steps", {}), **part.get("steps", {})}
+        report.update({k: v for k, v in part.items() if v is not None})
+        report["steps"] = steps
+    rec = bench_record(report)
     runs = json.loads(BENCH_JSON.read_text()) if BENCH_JSON.exists() else []
     runs = [r for r in runs if r.get("tp") != rec["tp"]] + [rec]
     BENCH_JSON.write_text(json.dumps(sorted(runs, key=lambda r: r["tp"]), indent=1) + "\n")
     return rec
 
 
+def pack_logs(args) -> None:
+    """Server, router and install logs in one archive under OUT (the device tool returns at most 8 files)."""
+    with tarfile.open(args.out / f"logs-tp{args.tp}.tgz", "w:gz") as tar:
+        for d in (args.work / "logs", args.work / "router" / "logs"):
+            if d.exists():
+                tar.add(d, arcname=str(d.relative_to(args.work)))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--site", type=Path)
-    ap.add_argument("--record", type=Path, help="here, after a run: add its engine-tpN.json to bench/gpu_engine.json")
+    ap.add_argument("--record", type=Path, nargs="+", help="here, after a run: its engine-tpN.json file(s)")
+    ap.add_argument("--pieces", type=Path, help="install the staged runtime from these pieces first")
+    ap.add_argument("--parts", default="engine,router", help="engine, router or both")
     ap.add_argument("--work", type=Path, default=Path("/root/engine-work"))
     ap.add_argument("--out", type=Path)
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--deadline", type=float, default=560, help="seconds: every step ends before this")
+    ap.add_argument("--budget-cold", type=float, default=200)
+    ap.add_argument("--budget-restart", type=float, default=150)
+    ap.add_argument("--budget-damage", type=float, default=150)
+    ap.add_argument("--budget-wide", type=float, default=150)
+    ap.add_argument("--wide", action="store_true", help="also TTFT cold vs disk-warm at Flash-Next's widths")
+    ap.add_argument("--router-budget-start", type=float, default=150)
+    ap.add_argument("--router-budget-rollout", type=float, default=240)
+    ap.add_argument("--router-conversations", type=int, default=8)
+    ap.add_argument("--router-prompt-chars", type=int, default=6000)
+    ap.add_argument("--host", default="127.0.0.1", help="the one-pod sequence's address (ports 30000-30002)")
+    ap.add_argument("--router-net", type=int, default=77, help="loopback 127.0.N.x for the router part's pods")
     ap.add_argument("--max-new", type=int, default=16)
     ap.add_argument("--smoke", action="store_true", help="two conversations, one restart, no damage/fingerprint")
     ap.add_argument("--prompt-chars", type=int, default=32000, help="document size (32000 chars: 8.5k-9.3k tokens)")
     ap.add_argument("--fillers", type=int, default=48)
     ap.add_argument("--model-dir", type=Path, help="use this model directory instead of building the tiny one")
+    ap.add_argument("--check-weights", action="store_true", help="load_weights check beside the cold start")
     ap.add_argument("--engine-cmd", default="", help="CPU test only: run this, not the rendered command")
     ap.add_argument("--engine-path", default="", help="CPU test only: PYTHONPATH entries for --engine-cmd")
     args = ap.parse_args()
@@ -757,27 +645,36 @@ def main() -> int:
         return 0
     if not (args.site and args.out):
         ap.error("--site and --out are required for a run")
-    ENGINE_CMD[:] = args.engine_cmd.split()
-    ENGINE_PATH[:] = [p for p in args.engine_path.split(os.pathsep) if p]
+    ep.ENGINE_CMD[:] = args.engine_cmd.split()
+    ep.ENGINE_PATH[:] = [p for p in args.engine_path.split(os.pathsep) if p]
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.work.exists():
+    parts = set(args.parts.split(","))
+    if "engine" in parts:
         shutil.rmtree(args.work / "hicache", ignore_errors=True)
-    args.work.mkdir(parents=True, exist_ok=True)
-    report = {**environment(), "model_type": "qwen4_exp", "tp": args.tp, "smoke": args.smoke}
-    rc = 0
+    (args.work / "logs").mkdir(parents=True, exist_ok=True)
+    report = {**environment(), "model_type": "qwen4_exp", "tp": args.tp, "smoke": args.smoke,
+              "parts": sorted(parts), "deadline_s": args.deadline}  # fmt: skip
+    run = Run(args, report)
+    st = SimpleNamespace(logs=args.work / "logs")
     try:
-        sequence(args, report)
-    except Exception as err:  # the report says what ran and where it stopped
-        report["error"] = f"{type(err).__name__}: {err}"
-        report["traceback"] = traceback.format_exc()[-4000:]
-        log(f"STOPPED: {report['error']}")
-        rc = 1
+        if args.pieces:
+            run.step("install", 150, lambda: install(args, report))
+        if "engine" in parts:
+            engine_part(run, args, st)
+        if "router" in parts:
+            import engine_router
+
+            if not hasattr(st, "model_dir"):
+                run.step("model", 120, lambda: step_model(args, st, report), needs=run.base)
+            engine_router.run(run, args, lambda: st.model_dir)
     finally:
-        (args.out / f"engine-tp{args.tp}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-        (args.out / "engine.log").write_text("\n".join(LOG_LINES) + "\n")
-        with tarfile.open(args.out / f"logs-tp{args.tp}.tgz", "w:gz") as tar:
-            tar.add(args.work / "logs", arcname="logs")
-    return rc
+        ep.stop_all()
+        run.save()
+        pack_logs(args)
+    failed = [n for n, s in report["steps"].items() if s["status"] != "ok"]
+    log(f"done: {len(report['steps']) - len(failed)} steps ok, not ok: {failed or 'none'}")
+    run.save()
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,14 +1,16 @@
 """What of the GPU engine run (tests/gpu/run_engine.py) can be checked without a GPU.
 
 The tiny checkpoint's config and tokenizer build deterministically and agree with the spec's geometry; the wheel
-manifest pins every wheel by version and sha256 as the runtime lock does; the command line the run starts is the
-operator's rendered one; and the whole sequence (cold, preStop + SIGTERM, the rollout's warm check, a changed
-fingerprint, damaged pages) runs end to end against the engine stand-in, so the GPU lease only meets the engine.
+manifest pins every wheel by version and sha256 as the runtime lock (and the router image's lock) does; the command
+line the run starts is the operator's rendered one; the whole sequence (cold, preStop + SIGTERM, the rollout's warm
+check, a changed fingerprint, damaged pages) and the router part (two pods behind the real smg, rolled with the
+router seam) run end to end against the engine stand-in, so the GPU lease only meets the engine.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
 import subprocess
 import sys
@@ -21,9 +23,12 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
+import engine_pod  # noqa: E402
 import engine_wheels  # noqa: E402
 import run_engine  # noqa: E402
 import tiny_model  # noqa: E402
+
+from harness.sim.nameshim import unshare_available  # noqa: E402
 
 
 def _build(out: Path) -> dict:
@@ -57,7 +62,7 @@ def test_tiny_config_is_the_architecture_at_a_small_size() -> None:
 def test_spec_geometry_is_what_the_operator_derives_from_the_tiny_config() -> None:
     from qwen_hicache.geometry import from_hf_config
 
-    spec = yaml.safe_load(run_engine.SPEC.read_text())["spec"]
+    spec = yaml.safe_load(engine_pod.SPEC.read_text())["spec"]
     derived = from_hf_config(tiny_model.config()).model_dump(by_alias=True, exclude_none=True)
     stated = dict(spec["model"]["geometry"])
     stated.pop("gpuWeightBytes")
@@ -71,7 +76,10 @@ def test_wheel_manifest_pins_every_wheel_as_the_runtime_lock_does() -> None:
     lock = (REPO / "runtime_patches" / "requirements.lock").read_text()
     pinned = {m.group(1): m.group(2) for m in re.finditer(r"^([a-z0-9][a-z0-9.-]*)==(\S+)", lock, re.M)}
     outside_lock = {"decorator", "importlib-metadata", "zipp", "kubernetes", "durationpy", "websocket-client",
-                    "requests-oauthlib", "oauthlib"}  # fmt: skip
+                    "requests-oauthlib", "oauthlib", "smg"}  # fmt: skip
+    router_lock = (REPO / "images" / "router" / "requirements.lock").read_text()
+    smg = next(r for r in rows if r["name"] == "smg")
+    assert f"smg=={smg['version']} --hash=sha256:{smg['sha']}" in router_lock
     for r in rows:
         assert re.fullmatch(r"[0-9a-f]{64}", r["sha"]) and r["file"].endswith(".whl")
         assert r["file"].lower().replace("_", "-").startswith(f"{r['name']}-{r['version']}-")
@@ -86,15 +94,15 @@ def test_wheel_manifest_pins_every_wheel_as_the_runtime_lock_does() -> None:
         assert must in names
     pyproject = (REPO / "pyproject.toml").read_text()
     assert '"kubernetes==' + next(r["version"] for r in rows if r["name"] == "kubernetes") + '"' in pyproject
-    assert re.fullmatch(r"[0-9a-f]{64}", engine_wheels.SLIM_SHA256)
-    assert engine_wheels.SLIM["wheel"] in {r["file"] for r in rows}
+    assert set(engine_wheels.SLIM) == set(engine_wheels.SLIM_SHA256) <= {r["file"] for r in rows}
+    assert all(re.fullmatch(r"[0-9a-f]{64}", sha) for sha in engine_wheels.SLIM_SHA256.values())
 
 
 def test_the_run_starts_the_command_line_the_operator_renders(tmp_path: Path) -> None:
     site, model, root = tmp_path / "site", tmp_path / "model", tmp_path / "hicache"
     site.mkdir()
-    p = run_engine.plan(site, run_engine.spec_file(tmp_path, 1), model, root, 31234)
-    docs = [d for d in yaml.safe_load_all(run_engine.operator_cli(["render", str(run_engine.SPEC)], site)) if d]
+    p = engine_pod.plan(site, engine_pod.spec_file(tmp_path, 1), model, root, 31234)
+    docs = engine_pod.rendered(site, engine_pod.SPEC)
     server = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
     rendered = server["command"] + server["args"]
     assert len(p["argv"]) == len(rendered)
@@ -109,31 +117,66 @@ def test_the_run_starts_the_command_line_the_operator_renders(tmp_path: Path) ->
     assert p["argv"][p["argv"].index("--hicache-storage-backend") + 1] == "file"
     assert p["cache_dir"] == str(root / p["fingerprint"])
     assert p["env"]["QWEN_HICACHE_FINGERPRINT"] == p["fingerprint"]
-    p2 = run_engine.plan(site, run_engine.spec_file(tmp_path, 2), model, root, 31234)
+    p2 = engine_pod.plan(site, engine_pod.spec_file(tmp_path, 2), model, root, 31234)
     assert p2["argv"][p2["argv"].index("--tp-size") + 1] == "2" and p2["fingerprint"] != p["fingerprint"]
-    p3 = run_engine.plan(site, run_engine.spec_file(tmp_path, 1, kvCacheDtype="bfloat16"), model, root, 31234)
+    p3 = engine_pod.plan(site, engine_pod.spec_file(tmp_path, 1, kvCacheDtype="bfloat16"), model, root, 31234)
     assert p3["fingerprint"] != p["fingerprint"]
 
 
-@pytest.mark.timeout(480)
-def test_the_whole_sequence_runs_against_the_engine_stand_in(tmp_path: Path) -> None:
-    """SIMULATED engine (harness/sim/engine.py, the real HiCacheFile underneath): the run's own logic only."""
+def _run(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """run_engine.py against the engine stand-in, on loopback addresses of its own (the machine is shared)."""
+    net = random.randint(100, 250)
     site, model, out = tmp_path / "site", tmp_path / "model", tmp_path / "out"
     site.mkdir()
     _build(model)
     cmd = [sys.executable, str(HERE / "run_engine.py"), "--site", str(site), "--work", str(tmp_path / "work"),
            "--out", str(out), "--model-dir", str(model), "--prompt-chars", "2000", "--fillers", "2",
-           "--engine-cmd", f"{sys.executable} -m harness.sim.engine", "--engine-path", str(REPO)]  # fmt: skip
+           "--engine-cmd", f"{sys.executable} -m harness.sim.engine", "--engine-path", str(REPO),
+           "--host", f"127.{net}.1.1", "--router-net", str(net), *extra]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=450)
-    report = json.loads((out / "engine-tp1.json").read_text())
-    assert r.returncode == 0 and not report.get("error"), r.stdout[-3000:] + report.get("traceback", "")
+    return r, json.loads((out / "engine-tp1.json").read_text())
+
+
+@pytest.mark.timeout(480)
+def test_the_whole_sequence_runs_against_the_engine_stand_in(tmp_path: Path) -> None:
+    """SIMULATED engine (harness/sim/engine.py, the real HiCacheFile underneath): the run's own logic only."""
+    r, report = _run(tmp_path, "--parts", "engine", "--wide")
+    bad = {k: v for k, v in report["steps"].items() if v["status"] != "ok"}
+    assert r.returncode == 0 and not bad, r.stdout[-3000:] + json.dumps(bad)[:3000]
     first = report["restarts"][0]
     assert first["warm"] and first["storage_hit_tokens"] > 0 and first["all_identical"]
-    assert report["rollout"]["steps"] == ["canary", "delete", "baseline", "verify"]
+    assert [s.split()[0] for s in report["rollout"]["steps"]] == ["canary", "delete", "baseline", "verify"]
     assert report["stop_warm"]["prestop_output"].startswith("flush: 200") and report["stop_warm"]["exit_code"] == 0
     fc = report["fingerprint_change"]
     assert fc["old"] != fc["new"] and fc["storage_hit_tokens"] == 0 and fc["old_dir_unchanged"]
     assert report["damage"] == {"zeroed": "miss", "bitflip": "miss", "truncated": "miss"}
     assert report["damage_detail"]["others_still_hit"]
+    wide = report["wide"]
+    assert wide["storage_hit_tokens"] > 0 and wide["tokens_identical"] == wide["prompts"] == 4
+    assert wide["fingerprint"] != report["launch"]["fingerprint"]  # its own geometry: its own namespace
     rec = run_engine.bench_record(report)
-    assert tuple(rec) == run_engine.RECORD_KEYS and rec["damage"] == report["damage"]
+    assert tuple(rec) == run_engine.RECORD_KEYS and rec["damage"] == report["damage"] and rec["router"] is None
+    assert rec["wide"]["ttft_cold_s"] == wide["ttft_cold_s"]
+
+
+@pytest.mark.timeout(480)
+@pytest.mark.skipif(not unshare_available(), reason="the cluster-DNS stand-in needs root and `unshare -m`")
+def test_two_pods_behind_the_real_router_roll_warm_and_keep_their_conversations(tmp_path: Path) -> None:
+    """SIMULATED engine behind the REAL smg (the rendered flags and manifest): the router part's own logic."""
+    r, report = _run(tmp_path, "--parts", "router", "--router-prompt-chars", "1500")
+    bad = {k: v for k, v in report["steps"].items() if v["status"] != "ok"}
+    assert r.returncode == 0 and not bad, r.stdout[-3000:] + json.dumps(bad)[:3000]
+    rt = report["router"]
+    assert rt["spread"] == [0, 1], rt["landed_before"]  # conversations on both replicas
+    assert rt["stayed"] and rt["warm"] == {"tiny-qwen4-exp-0": True, "tiny-qwen4-exp-1": True}
+    assert [s.split()[:2] for s in rt["rollout"]["steps"] if "deferred" not in s] == [
+        ["canary", "tiny-qwen4-exp-1"], ["delete", "tiny-qwen4-exp-1"], ["baseline", "tiny-qwen4-exp-1"],
+        ["verify", "tiny-qwen4-exp-1"], ["canary", "tiny-qwen4-exp-0"], ["delete", "tiny-qwen4-exp-0"],
+        ["baseline", "tiny-qwen4-exp-0"], ["verify", "tiny-qwen4-exp-0"]]  # fmt: skip
+    for pod in ("tiny-qwen4-exp-0", "tiny-qwen4-exp-1"):
+        assert rt["rollout"]["pods"][pod]["stop"]["prestop_output"].startswith("flush: 200")
+    # before each delete the router had stopped routing to the pod (its own GET /workers), and both came back
+    assert rt["workers_after"] == {"tiny-qwen4-exp-0": "ready", "tiny-qwen4-exp-1": "ready"}
+    assert rt["storage_tokens_after"] > 0
+    rec = run_engine.bench_record(report)["router"]
+    assert rec["stayed"] and rec["replicas"] == 2 and rec["conversations"] == 8

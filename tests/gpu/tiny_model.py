@@ -35,8 +35,22 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|image_pad|>", "<|vi
 LAYER_TYPES = ["linear_attention"] * 3 + ["full_attention"]
 
 
-def text_config() -> dict:
+# `--scale wide`: the same 8 layers at Flash-Next's own widths (hidden 2560, 16 query heads, 16/48 GDN key/value
+# heads, PLE at the hidden width; tests/data/hf/qwen4_exp/config.json), 8 experts of 1024 plus a 4096 shared
+# expert: about 1.3 B parameters, so a cold 8k-token prefill costs real compute and TTFT cold vs warm measures
+# the cache rather than the server's fixed per-request overheads. KV geometry (2 KV heads x 256, 2 full layers)
+# is the tiny model's; the GDN state per slot is Flash-Next's per layer.
+WIDE = {"hidden_size": 2560, "num_attention_heads": 16, "linear_num_key_heads": 16, "linear_num_value_heads": 48,
+        "moe_intermediate_size": 1024, "shared_expert_intermediate_size": 4096, "intermediate_size": 4096,
+        "indexer_n_heads": 16, "ple_embed_dim": 2560}  # fmt: skip
+
+
+def text_config(scale: str = "tiny") -> dict:
     """Flash-Next's text config (tests/data/hf/qwen4_exp/config.json) with every width scaled down."""
+    return {**_tiny_text(), **(WIDE if scale == "wide" else {})}
+
+
+def _tiny_text() -> dict:
     return {
         "model_type": "qwen4_exp_text",
         "hidden_size": 256,
@@ -93,14 +107,15 @@ def text_config() -> dict:
     }
 
 
-def config() -> dict:
+def config(scale: str = "tiny") -> dict:
+    text = text_config(scale)
     return {
         "architectures": ["Qwen4ExpForConditionalGeneration"],
         "model_type": "qwen4_exp",
         "language_model_only": True,
         "tie_word_embeddings": False,
-        "text_config": text_config(),
-        "vision_config": {"depth": 1, "hidden_size": 64, "out_hidden_size": 256},
+        "text_config": text,
+        "vision_config": {"depth": 1, "hidden_size": 64, "out_hidden_size": text["hidden_size"]},
         "image_token_id": SPECIAL.index("<|image_pad|>"),
         "video_token_id": SPECIAL.index("<|video_pad|>"),
         "vision_start_token_id": SPECIAL.index("<|vision_start|>"),
@@ -136,8 +151,8 @@ def build_tokenizer(out: Path) -> None:
     }, indent=1) + "\n")  # fmt: skip
 
 
-def write_config(out: Path) -> None:
-    (out / "config.json").write_text(json.dumps(config(), indent=1) + "\n")
+def write_config(out: Path, scale: str = "tiny") -> None:
+    (out / "config.json").write_text(json.dumps(config(scale), indent=1) + "\n")
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": 0, "do_sample": False}) + "\n")
 
 
@@ -206,22 +221,24 @@ def checkpoint_layout(model, mtp) -> dict[str, tuple[tuple, str]]:
     return out
 
 
-def _values(name: str, shape: tuple, dtype: str):
+def _values(name: str, shape: tuple, dtype: str, device: str = "cpu"):
+    """Seeded per tensor name (CPU: the same bytes everywhere; cuda: fast for the wide model, same on one GPU kind)."""
     import torch
 
     seed = int(hashlib.sha256(f"{SEED}:{name}".encode()).hexdigest()[:15], 16)
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device=device).manual_seed(seed)
+    kw = {"generator": g, "device": device}
     if name.endswith("A_log"):
-        t = torch.empty(shape).uniform_(1.0, 16.0, generator=g).log()
+        t = torch.empty(shape, device=device).uniform_(1.0, 16.0, generator=g).log()
     elif name.endswith("dt_bias"):
-        t = torch.zeros(shape)
+        t = torch.zeros(shape, device=device)
     elif "norm" in name.rsplit(".", 1)[0].rsplit(".", 1)[-1] or name.endswith("norm.weight"):
-        t = 1.0 + 0.02 * torch.randn(shape, generator=g)
+        t = 1.0 + 0.02 * torch.randn(shape, **kw)
     elif name == "lm_head.weight":
-        t = 0.25 * torch.randn(shape, generator=g)  # peaky logits: greedy tokens are not near-ties
+        t = 0.25 * torch.randn(shape, **kw)  # peaky logits: greedy tokens are not near-ties
     else:
-        t = 0.02 * torch.randn(shape, generator=g)
-    return t.to(getattr(torch, dtype)).contiguous()
+        t = 0.02 * torch.randn(shape, **kw)
+    return t.to(getattr(torch, dtype)).contiguous().cpu()
 
 
 def runtime_models(site: Path, model_dir: Path, ple_offload: bool, device: str = "meta"):
@@ -253,12 +270,12 @@ def runtime_models(site: Path, model_dir: Path, ple_offload: bool, device: str =
         return Qwen4ExpForConditionalGeneration(mc.hf_config, None), Qwen4ExpForCausalLMMTP(mc.hf_config, None), mc
 
 
-def write_weights(site: Path, out: Path) -> dict[str, tuple[tuple, str]]:
+def write_weights(site: Path, out: Path, device: str = "cpu") -> dict[str, tuple[tuple, str]]:
     from safetensors.torch import save_file
 
     model, mtp, _ = runtime_models(site, out, ple_offload=False)
     layout = checkpoint_layout(model, mtp)
-    tensors = {name: _values(name, shape, dtype) for name, (shape, dtype) in sorted(layout.items())}
+    tensors = {name: _values(name, shape, dtype, device) for name, (shape, dtype) in sorted(layout.items())}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     return layout
 
@@ -298,14 +315,21 @@ def main() -> int:
     ap.add_argument("--sglang-site", type=Path, help="the patched runtime tree (needed for the weights)")
     ap.add_argument("--no-weights", action="store_true", help="config and tokenizer only (CPU, no runtime)")
     ap.add_argument("--check", default="", help="after writing, load with load_weights on this device (cpu, cuda)")
+    ap.add_argument("--check-only", default="", help="only load the checkpoint in OUT with load_weights on this device")
+    ap.add_argument("--scale", choices=("tiny", "wide"), default="tiny", help="wide: Flash-Next's own widths (WIDE)")
+    ap.add_argument("--values-device", default="cpu", help="where the seeded random weights are drawn (cpu, cuda)")
     args = ap.parse_args()
+    if args.check_only:
+        res = check_load(args.sglang_site, args.out, args.check_only)
+        print(json.dumps(res))
+        return 1 if res["missing"] or res["missing_mtp"] else 0
     args.out.mkdir(parents=True, exist_ok=True)
-    write_config(args.out)
+    write_config(args.out, args.scale)
     build_tokenizer(args.out)
     if not args.no_weights:
         if not args.sglang_site:
             ap.error("--sglang-site is needed for the weights")
-        layout = write_weights(args.sglang_site, args.out)
+        layout = write_weights(args.sglang_site, args.out, args.values_device)
         print(f"{len(layout)} checkpoint tensors, {sum(_numel(s) for s, _ in layout.values()):,} values")
     m = manifest(args.out)
     if args.check:

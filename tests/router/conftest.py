@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.sim.routerlab import RouterLab, unshare_available
+from harness.sim.nameshim import unshare_available
+from harness.sim.routerlab import RouterLab
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.sim.routerlab import unshare_available
+from harness.sim.nameshim import unshare_available
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "routing.py"
 
