@@ -79,6 +79,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sim-allocate-host-pool", action="store_true",
                    help="hold the host pools' memory for real (--hicache-size GB per TP rank, every page touched, as "
                         "pinned pools are): the pod's memory limit then applies to it")
+    p.add_argument("--sim-host-mamba-slots", type=int, default=None, help="host Mamba states (default: pages / 4)")
     args, _ = p.parse_known_args(argv)
     args.served_model_name = args.served_model_name or args.model_path
     args.sim_cold = args.sim_cold or os.environ.get(COLD_ENV, "") not in ("", "0")
@@ -151,6 +152,9 @@ class Engine:
         self.counters: dict[str, int] = {}
         self.device = tiers.LruTier(args.sim_device_pages)
         self.host = tiers.LruTier(args.sim_host_pages if args.enable_hierarchical_cache else 0)
+        # SIMULATED host Mamba pool: one state slot per stored prefix end (its last page key), LRU.
+        mamba_slots = args.sim_host_mamba_slots if args.sim_host_mamba_slots is not None else args.sim_host_pages // 4
+        self.host_mamba = tiers.LruTier(mamba_slots if args.enable_hierarchical_cache else 0)
         self.disk: Any = None
         self.host_pool: bytearray | None = None
         self.tree: dict = {}
@@ -239,6 +243,8 @@ class Engine:
     def _insert(self, keys: list[str]) -> None:
         evicted = self.device.add(keys)
         self.host.add(keys if self.args.hicache_write_policy != "write_back" else evicted)
+        if keys and self.args.hicache_write_policy != "write_back":
+            self.host_mamba.add(keys[-1:])
         if self.disk is not None and keys:
             backup = keys if self.args.hicache_write_policy != "write_back" else evicted
             self.disk.enqueue(backup)
@@ -340,6 +346,7 @@ class Engine:
                     return False
                 self.device.clear()
                 self.host.clear()
+                self.host_mamba.clear()
             return True
 
         wrapper_class, request = runtime_code.flush_wrapper_class(tree)
@@ -361,6 +368,7 @@ class Engine:
                 return False, "Flush cache failed: requests are still running.\n"
             self.device.clear()
             self.host.clear()
+            self.host_mamba.clear()
         return True, "Cache flushed.\n"
 
     # -- observability ------------------------------------------------------------------------
@@ -372,10 +380,14 @@ class Engine:
             self.counters["prefetched_tokens_total"] = stats.prefetched_pages * page
             self.counters["backuped_tokens_total"] = stats.backuped_pages * page
             self.counters["qwen_hicache_sim:corrupt_pages_total"] = self.disk.corrupt_pages
+            self.counters.update(self.disk.storage_counters())
         gauges = {"num_running_reqs": self.running}
         if self.args.enable_hierarchical_cache:  # the scheduler declares these only then
             gauges["hicache_host_used_tokens"] = len(self.host.pages) * self.args.page_size
             gauges["hicache_host_total_tokens"] = self.host.capacity * self.args.page_size
+            if self.host_mamba.capacity:  # the runtime skips these for models without a host Mamba pool
+                gauges["hicache_host_mamba_used_states"] = len(self.host_mamba.pages)
+                gauges["hicache_host_mamba_total_states"] = self.host_mamba.capacity
         return render(self.args.served_model_name, self.counters, gauges, self.args.tp_size, self.disk is not None)
 
     def identity(self, path: str) -> dict:

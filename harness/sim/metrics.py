@@ -80,8 +80,18 @@ def _function(tree: ast.AST, name: str) -> ast.FunctionDef:
 
 
 def _precreated(cls: ast.ClassDef, attrs: dict[str, str]) -> dict[str, tuple[str, ...]]:
-    """``for reason in (...): self.<attr>.labels(**self.labels, reason=reason)`` -> {metric: values}."""
+    """``for reason in (...): self.<attr>.labels(**self.labels, reason=reason)`` -> {metric: values}.
+
+    A bare statement ``self.<attr>.labels(**self.labels)`` creates the one series of a metric without extra
+    labels: {metric: ("",)}.
+    """
     out: dict[str, tuple[str, ...]] = {}
+    for stmt in (n for n in ast.walk(cls) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)):
+        f, keywords = stmt.value.func, stmt.value.keywords
+        bare = [k.arg for k in keywords] == [None] and not stmt.value.args
+        labelled = isinstance(f, ast.Attribute) and f.attr == "labels" and isinstance(f.value, ast.Attribute)
+        if bare and labelled and f.value.attr in attrs:
+            out[attrs[f.value.attr]] = ("",)
     for loop in (n for n in ast.walk(cls) if isinstance(n, ast.For) and isinstance(n.iter, ast.Tuple)):
         values = tuple(v for v in (_str(e) for e in loop.iter.elts) if v)
         for call in (n for n in ast.walk(loop) if isinstance(n, ast.Call)):

@@ -27,7 +27,7 @@ FLUSH_WRAPPER = "sglang/srt/managers/scheduler_components/flush_wrapper.py"
 # Imports a compiled piece may execute: already loaded (or stdlib) and free of GPU-side modules.
 LIGHT_MODULES = frozenset({
     "__future__", "logging", "os", "threading", "time", "queue", "typing", "dataclasses", "enum",
-    "torch", "sglang.srt.mem_cache.hicache_storage",
+    "torch", "contextlib", "sglang.srt.mem_cache.hicache_storage",
 })  # fmt: skip
 
 # What the storage-backup thread runs (base and hybrid controller), and its shutdown drain when the tree has one

@@ -285,6 +285,19 @@ class DiskTier:
         """Pages the runtime itself refused and removed (patch 0001's ``page_discards``; 0 on the parent)."""
         return sum(sum(getattr(store, "page_discards", {}).values()) for store in self.stores)
 
+    def storage_counters(self) -> dict[str, int]:
+        """Rank 0's integrity and eviction counts as patch 0006 exports them (keys for ``metrics.render``).
+
+        Only what the tree's HiCacheFile counts (nothing on the parent); rank 0 stands for every rank, as the
+        token counters do.
+        """
+        store = self.stores[0]
+        out = {f"hicache_storage_page_discards_total/{k}": v for k, v in getattr(store, "page_discards", {}).items()}
+        out |= {f"hicache_storage_read_errors_total/{k}": v for k, v in getattr(store, "read_errors", {}).items()}
+        if hasattr(store, "evicted_pages"):
+            out["hicache_storage_evicted_pages_total"] = store.evicted_pages
+        return out
+
     # -- reads --------------------------------------------------------------------------------
     def restorable(self, keys: list[str]) -> list[int]:
         """Prefix lengths (pages) every rank can restore, by the wheel's own batch_exists_v2."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PAGE_HEADER_BYTES = 64
-"""Runtime patch 0001's page-file header (magic, version, tag, payload length, checksum)."""
+"""The runtime page-file header (patch 0001; 0006 adds the key digest in the same 64 bytes)."""
 REPORTED_LIMIT_FILES = 7_500_000
 """Files in one HiCacheFile directory at which upstream reports ENOSPC."""
 WARN_FILES = 2_000_000

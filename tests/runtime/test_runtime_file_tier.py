@@ -14,7 +14,7 @@ BAD_PAGES = [*WRONG_SIZE, *RIGHT_SIZE_WRONG_BYTES, "unreadable", "vanished", "ol
 REASON = {
     "truncated": "size", "short": "size", "oversized": "size", "old_format": "size",
     "zeroed": "header", "zeroed_tail": "checksum", "sparse_hole": "checksum", "bit_flip": "checksum",
-    "foreign_tag": "tag", "unreadable": "unreadable",
+    "foreign_tag": "tag", "unreadable": "not_regular",
 }  # fmt: skip
 
 
