@@ -60,14 +60,19 @@ PANELS: tuple[Panel, ...] = (
             "{{pod}} prefetch"),
            (f'sum by (pod) (rate(sglang:backuped_tokens_total{{{SEL},tp_rank="0"}}[$__rate_interval]))',
             "{{pod}} backup")), "short"),
-    Panel("Host pool use",
-          "Tokens held in the pinned host KV pool over its capacity (the HiCache L2).",
+    Panel("Host pool use (KV tokens and Mamba states)",
+          "The pinned host pools (the HiCache L2) over their capacity: KV tokens, and for hybrid models the Mamba "
+          "state slots (conv + SSM + side state, often the larger share of the host bytes: 13.8 of the example's "
+          "29.9 GB per rank). Either pool full evicts host prefixes.",
           ((f'max by (pod) (sglang:hicache_host_used_tokens{{{SEL}}})\n/\n'
-            f'max by (pod) (sglang:hicache_host_total_tokens{{{SEL}}})', "{{pod}}"),), "percentunit",
+            f'max by (pod) (sglang:hicache_host_total_tokens{{{SEL}}})', "{{pod}} KV"),
+           (f'max by (pod) (sglang:hicache_host_mamba_used_states{{{SEL}}})\n/\n'
+            f'max by (pod) (sglang:hicache_host_mamba_total_states{{{SEL}}})', "{{pod}} Mamba")), "percentunit",
           extra={"max": 1}),
     Panel("Disk tier use vs cap (per replica and TP rank)",
           "Bytes of the current cache namespace over the runtime's per-rank cap, from the pod's cache-usage "
-          "sidecar. Near 100% the runtime evicts least-recently-used pages: the working set is larger than the cap.",
+          "sidecar. At the cap the runtime's LRU evictor evicts down to 90%: a saw-tooth between 90 and 100% means "
+          "the working set is larger than the cap.",
           ((f'qwen_hicache_disk_used_bytes{{{SEL}}}\n/\n'
             f'qwen_hicache_disk_cap_bytes{{{SEL}}}', "{{pod}} rank {{tp_rank}}"),), "percentunit",
           extra={"max": 1}),
@@ -99,6 +104,16 @@ PANELS: tuple[Panel, ...] = (
             f'[$__rate_interval]))', "{{reason}}"),
            (f'sum by (pod) (rate(sglang:hicache_backup_dropped_tokens_total{{{SEL},tp_rank="0"}}'
             f'[$__rate_interval]))', "{{pod}} backup dropped")), "short"),
+    Panel("Disk tier integrity and eviction (pages/s)",
+          "Page files the runtime removed because they can never be the page asked for (by reason: size, header, "
+          "tag, key, checksum, not_regular), page reads that failed with an I/O error (the file is kept), and "
+          "pages its LRU evictor removed at the cap. All TP ranks (each handles its own files).",
+          ((f'sum by (pod, reason) (rate(sglang:hicache_storage_page_discards_total{{{SEL}}}[$__rate_interval]))',
+            "{{pod}} discarded {{reason}}"),
+           (f'sum by (pod, error) (rate(sglang:hicache_storage_read_errors_total{{{SEL}}}[$__rate_interval]))',
+            "{{pod}} read error {{error}}"),
+           (f'sum by (pod) (rate(sglang:hicache_storage_evicted_pages_total{{{SEL}}}[$__rate_interval]))',
+            "{{pod}} evicted")), "short"),
     Panel("Operator reconcile errors (per s)",
           "Reconciles that raised, by server and exception type (retried by Kopf).",
           ((f'sum by (server, error) (rate(qwen_hicache_reconcile_errors_total{{{SEL}}}[$__rate_interval]))',

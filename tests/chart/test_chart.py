@@ -143,6 +143,18 @@ def test_monitoring_values_add_a_service_monitor_and_pin_the_digest() -> None:
     assert "@sha256:" in image and ":0.1.0" not in image
 
 
+def test_prometheus_rule_points_every_alert_at_its_runbook() -> None:
+    base = "https://wiki.example.com/qhc/runbooks.md"
+    rule = _one(render(EXAMPLES / "helm-values-monitoring.yaml", sets=(f"prometheusRule.runbookBaseURL={base}",)),
+                "PrometheusRule")  # fmt: skip
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts and all(r["annotations"]["runbook_url"] == f"{base}#{r['alert'].lower()}" for r in alerts)
+    default = _one(render(EXAMPLES / "helm-values-monitoring.yaml"), "PrometheusRule")
+    urls = {r["annotations"]["runbook_url"] for g in default["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    assert all(u.startswith("https://github.com/qwen-hicache/qwen-hicache-operator/blob/main/docs/runbooks.md#")
+               for u in urls)  # fmt: skip
+
+
 def test_servers_from_values_match_the_single_gpu_example() -> None:
     example = yaml.safe_load((EXAMPLES / "qwenhicache-single-gpu.yaml").read_text())
     server = _one(render(EXAMPLES / "helm-values-server.yaml"), "QwenHiCacheServer")

@@ -21,9 +21,11 @@ NO_DATA_BY_DESIGN = ("sglang:hicache_backup_dropped_tokens_total",)
 SIGNALS = {
     "QwenHiCacheRestartCameBackCold": 'increase(qwen_hicache_pod_restarts_total{result="cold"}[30m])',
     "QwenHiCacheRolloutPaused": 'qwen_hicache_rollout_phase{phase="Paused"}',
-    "QwenHiCacheDiskNearCap": "qwen_hicache:disk_used_ratio",
+    "QwenHiCacheDiskTierEvicting": "increase(sglang:hicache_storage_evicted_pages_total[1h])",
     "QwenHiCacheVolumeAlmostFull": "qwen_hicache_disk_volume_used_bytes / qwen_hicache_disk_volume_size_bytes",
-    "QwenHiCacheStorageHitShareCollapsed": "qwen_hicache:storage_hit_share:rate10m",
+    "QwenHiCacheStorageHitShareCollapsed": "qwen_hicache:storage_hit_share:ratio1d",
+    "QwenHiCacheDiskPagesDiscarded": "increase(sglang:hicache_storage_page_discards_total[30m])",
+    "QwenHiCacheDiskReadErrors": "rate(sglang:hicache_storage_read_errors_total[10m])",
     "QwenHiCacheBackupsDropped": None,  # see NO_DATA_BY_DESIGN
     "QwenHiCacheReconcileErrors": "rate(qwen_hicache_reconcile_errors_total[10m])",
 }
