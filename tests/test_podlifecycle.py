@@ -10,6 +10,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from qwen_hicache import podlifecycle as pl
 from qwen_hicache.plan import parse_spec
 from qwen_hicache.podlifecycle import GUARD_SCRIPT, MARKER, PRESTOP_SCRIPT, drain_plan
 from resources import example, variant
@@ -87,7 +88,8 @@ def test_grace_period_covers_drain_flush_and_shutdown() -> None:
     plan = drain_plan(spec, host_bytes_per_rank=30 * 10**9, write_bytes_per_second=500 << 20)
     assert plan.drain_seconds == spec.runtime.max_request_seconds
     assert plan.flush_seconds == -(-2 * 30 * 10**9 // (500 << 20))
-    assert plan.grace_seconds == plan.drain_seconds + plan.flush_seconds + 30
+    assert plan.grace_seconds == pl.worst_case_stop_seconds(plan.drain_seconds, plan.flush_seconds) + pl.MARGIN_SECONDS
+    assert plan.grace_seconds > plan.drain_seconds + 2 * plan.flush_seconds  # the flush and the SIGTERM drain
     no_disk = drain_plan(parse_spec(variant(**{"spec.hicache.disk": {"enabled": False}})["spec"]), 10**9, 1)
     assert no_disk.flush_seconds == 0
 

@@ -9,8 +9,9 @@
   backup in flight (`Scheduler.is_fully_idle`, pinned by tests/runtime). What is still queued at SIGTERM is
   drained by runtime patch 0003 within the same budget (`SGLANG_HICACHE_STORAGE_DRAIN_TIMEOUT`). A deleted
   pod is already out of its Service's ready endpoints, so no new requests arrive while it drains.
-- `terminationGracePeriodSeconds` covers the drain, the flush of a full host pool at the assumed disk
-  write rate, and the runtime's own shutdown.
+- `terminationGracePeriodSeconds` covers the worst case as the runtime spends it (`drain_plan`): the preStop's
+  request wait and flush, then, after SIGTERM, the runtime's own request check, its storage drain (handed the
+  same flush budget: it writes what the flush could not) and the schedulers' exit, plus a stated margin.
 """
 
 from __future__ import annotations
@@ -21,8 +22,19 @@ from dataclasses import dataclass
 from .spec import QwenHiCacheServerSpec
 
 MARKER = ".qwen-hicache-fingerprint"
-SHUTDOWN_SECONDS = 30
-"""The runtime stops its schedulers 15 s after SIGTERM; the rest is process teardown."""
+
+# The stop timeline, term by term (tests/runtime pins the runtime's constants against the wheel's own code).
+PRESTOP_POLL_SECONDS = 6
+"""The preStop's request wait overruns its deadline by at most one poll: a 5 s `/metrics` read and a 1 s sleep."""
+FLUSH_REPLY_SECONDS = 10
+"""The preStop waits this long past the flush timeout for the runtime's answer."""
+RUNTIME_SIGTERM_POLL_SECONDS = 5
+"""`TokenizerManager.sigterm_watchdog` checks for SIGTERM, then for running requests, every 5 s."""
+RUNTIME_EXIT_FLOOR_SECONDS = 15
+RUNTIME_EXIT_SLACK_SECONDS = 7
+"""After ShutdownReq the tokenizer SIGKILLs the schedulers after max(15, drain timeout + 7) s (patch 0003)."""
+MARGIN_SECONDS = 10
+"""Process teardown after the schedulers exit (the tokenizer kills the process tree, the HTTP server stops)."""
 
 GUARD_SCRIPT = f"""set -eu
 root="$QWEN_HICACHE_CACHE_ROOT"; fp="$QWEN_HICACHE_FINGERPRINT"; keep="$QWEN_HICACHE_KEEP_OLD"
@@ -80,16 +92,36 @@ class DrainPlan:
     """Seconds a stopping pod needs, term by term (shown in status)."""
 
     drain_seconds: int
+    """D: the preStop waits this long for running requests."""
     flush_seconds: int
+    """F: the preStop's `/flush_cache?timeout=F`, and the runtime's SIGTERM storage drain (patch 0003), each."""
     grace_seconds: int
+
+    @property
+    def margin_seconds(self) -> int:
+        return MARGIN_SECONDS
+
+
+def worst_case_stop_seconds(drain: int, flush: int) -> int:
+    """The longest a pod takes to stop as the runtime spends the budget, without the margin.
+
+    preStop: the request wait (D and one poll), the flush (F and the reply). SIGTERM: the runtime notices within
+    one watchdog poll, then ShutdownReq: the schedulers drain what the flush did not write (up to F) and are
+    SIGKILLed after max(15, F + 7) s. Both F's are spent only when the disk is slower than the budget assumed; the
+    drain then writes what the flush could not.
+    """
+    prestop = drain + PRESTOP_POLL_SECONDS + (flush + FLUSH_REPLY_SECONDS if flush else 0)
+    exit_deadline = max(RUNTIME_EXIT_FLOOR_SECONDS, flush + RUNTIME_EXIT_SLACK_SECONDS)
+    return prestop + RUNTIME_SIGTERM_POLL_SECONDS + exit_deadline
 
 
 def drain_plan(spec: QwenHiCacheServerSpec, host_bytes_per_rank: int, write_bytes_per_second: int) -> DrainPlan:
-    """Grace = longest request + flushing every rank's full host pool at the assumed rate + shutdown (a pod's
-    ranks: across nodes every node writes its own ranks' pages to its own volume, at the same time)."""
+    """D = longest request; F = this pod's ranks' full host pools at the write rate (across nodes every node writes
+    its own ranks' pages to its own volume, at the same time); grace = the worst case as the runtime spends them
+    (`worst_case_stop_seconds`) + a margin."""
     drain = spec.runtime.max_request_seconds
     flush = 0
     if spec.hicache.disk.enabled:
         total = host_bytes_per_rank * (spec.runtime.tensor_parallel_size // spec.nodes)  # this pod's ranks
         flush = max(10, math.ceil(total / max(1, write_bytes_per_second)))
-    return DrainPlan(drain, flush, drain + flush + SHUTDOWN_SECONDS)
+    return DrainPlan(drain, flush, worst_case_stop_seconds(drain, flush) + MARGIN_SECONDS)
