@@ -84,7 +84,7 @@ class Stand:
     pods: list[Pod] = field(default_factory=list)
     prometheus: subprocess.Popen | None = None
     prom_url: str = ""
-    restart_status: dict | None = None
+    restart_status: object = None  # the typed status.restart the metrics last saw
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> Stand:
@@ -250,10 +250,12 @@ class Stand:
 
     def _observe(self, rs: dict) -> None:
         from qwen_hicache import metrics
+        from qwen_hicache.status_model import Restart
 
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        metrics.observe_restart_status(NAMESPACE, SERVER, self.restart_status, rs, now)
-        self.restart_status = rs
+        typed = Restart.model_validate(rs)  # the reconciler hands the metrics the typed status.restart
+        metrics.observe_restart_status(NAMESPACE, SERVER, self.restart_status, typed, now)
+        self.restart_status = typed
 
     def reconciles(self, n: int, errors: int = 0) -> None:
         """Reconciles through the operator's own metrics wrapper; `errors` of them raise."""
