@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import kopf
@@ -63,4 +66,16 @@ def test_handlers_register_with_the_settings_given_into_the_registry_given() -> 
     assert timer.interval == 7 and timer.initial_delay == 7
     ids = {h.id for h in registry._changing.get_all_handlers()}
     assert {"create_resource", "reconcile_resource", "forget_metrics"} <= ids
-    assert not kopf.get_default_registry()._changing.get_all_handlers()  # importing registered nothing
+
+
+def test_importing_every_module_registers_nothing() -> None:
+    """In a fresh interpreter: Kopf's own CLI (KopfRunner in other tests) replaces the default registry with the
+    one it ran and never restores it, so this process's default registry says nothing about imports."""
+    modules = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+    code = "; ".join([*(f"import qwen_hicache.{m}" for m in modules),
+                      "import kopf", "r = kopf.get_default_registry()",
+                      "print(len(r._changing.get_all_handlers()) + len(r._spawning.get_all_handlers()))"])
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE.parent), *sys.path])})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "0"

@@ -125,14 +125,16 @@ class Cgroups:
 
     def oom_kills(self, parts: tuple[str, ...]) -> int:
         """A counter that grows when the kernel OOM-kills in this cgroup: v2's hierarchical ``oom_kill`` event; v1
-        counts OOM kills only in the victim's own (runc's, removed on exit) cgroup, so there it is this limit's
-        ``memory.failcnt`` (charges refused at the limit), read together with a SIGKILL exit."""
+        counts OOM kills only in the victim's own (runc's, removed on exit) cgroup, so there it is the
+        ``memory.failcnt`` (charges refused at a limit) of this group and of each enclosing one below ours (the
+        pod's: a charge is refused at whichever limit it reaches first), read together with a SIGKILL exit."""
         path = self.path(*parts)
         try:
             if path is None:
                 return 0
             if self.version == 1:
-                return int((path / "memory.failcnt").read_text())
+                groups = [self.path(*parts[:n]) for n in range(len(parts), 0, -1)]
+                return sum(int((g / "memory.failcnt").read_text()) for g in groups if g is not None)
             text = (path / "memory.events").read_text()
         except OSError:
             return 0

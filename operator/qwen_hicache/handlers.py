@@ -97,6 +97,11 @@ class Operator:
         about; a no-op writes nothing)."""
         self.run(body, logger)
 
+    def stopped(self, **_: Any) -> None:
+        """The operator stops: its step threads end with it (an embedding process keeps running)."""
+        self.steps.shutdown()
+        self.creates.shutdown()
+
     def deleted(self, name: str, namespace: str, **_: Any) -> None:
         """A deleted server's series leave the operator's metrics (its children go with it by owner reference)."""
         metrics.forget_server(namespace, name)
@@ -134,6 +139,7 @@ class Operator:
         interval = self.settings.resync_seconds
         kopf.on.login(registry=registry)(login)
         kopf.on.startup(registry=registry, id="configure")(self.configure)
+        kopf.on.cleanup(registry=registry, id="stop_pools")(self.stopped)
         kopf.on.create(*RESOURCE, registry=registry, id="create_resource")(self.create_resource)
         kopf.on.resume(*RESOURCE, registry=registry, id="reconcile_resource")(self.reconcile_resource)
         kopf.on.update(*RESOURCE, registry=registry, id="reconcile_resource")(self.reconcile_resource)
