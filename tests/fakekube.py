@@ -17,7 +17,8 @@ from kubernetes.client.exceptions import ApiException
 from qwen_hicache.spec import API_VERSION, KIND
 
 Obj = dict[str, Any]
-WRITES = frozenset({"apply", "create", "patch_status", "annotate", "resize", "evict", "delete_orphaning"})
+WRITES = frozenset({"apply", "create", "patch_status", "annotate", "resize", "evict", "delete_orphaning",
+                    "set_owners"})
 _versions = itertools.count(1)
 
 
@@ -156,3 +157,9 @@ class FakeKube:
             return False
         del self.objects[(kind, namespace, name)]
         return True
+
+    def set_owners(self, api_version: str, kind: str, namespace: str, name: str, owners: list[Obj]) -> None:
+        self._call("set_owners", kind, name)
+        if (kind, namespace, name) not in self.objects:
+            raise ApiException(status=404, reason="Not Found")
+        self.objects[(kind, namespace, name)]["metadata"]["ownerReferences"] = copy.deepcopy(owners)

@@ -70,12 +70,24 @@ def test_speculative_settings_the_runtime_rewrites_are_refused() -> None:
     assert problems[0].reason == "SpeculativeRewritten" and "numDraftTokens: 4" in problems[0].message
 
 
-def test_a_multi_node_server_is_refused_until_groups_are_rendered() -> None:
+def test_a_multi_node_server_renders_groups_not_a_statefulset() -> None:
     doc = variant(**{"spec.nodesPerReplica": 2})
     p = plan(offline_meta(doc), doc["spec"])
-    assert p.blocked and not p.objects
-    assert [x.reason for x in p.problems] == ["MultiNodeNotSupported"]
-    assert "nothing is applied" in p.problems[0].message
+    assert not p.blocked, p.problems
+    assert {o["kind"] for o in p.objects} >= {"LeaderWorkerSet", "PodDisruptionBudget"}
+    assert "StatefulSet" not in {o["kind"] for o in p.objects}
+
+
+def test_a_node_count_no_node_can_hold_is_refused_with_the_numbers() -> None:
+    doc = variant(**{"spec.nodesPerReplica": 2, "spec.runtime.tensorParallelSize": 8})
+    p = plan(offline_meta(doc), doc["spec"], node_gpus=2)
+    assert p.blocked and not p.children
+    assert [x.reason for x in p.problems if x.blocking] == ["SizingInvalid"]
+    assert "needs 4 GPUs" in p.problems[0].message and "has 2" in p.problems[0].message
+    assert not plan(offline_meta(doc), doc["spec"], node_gpus=4).blocked  # a node with 4 GPUs holds a pod
+    assert not plan(offline_meta(doc), doc["spec"], node_gpus=None).blocked  # nodes unreadable: not checked
+    one = variant(**{"spec.runtime.tensorParallelSize": 8})
+    assert not plan(offline_meta(one), one["spec"], node_gpus=2).blocked  # one node per replica: unchanged
 
 
 def test_a_groups_flags_are_the_operators_under_any_spelling() -> None:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
-from qwen_hicache import podlifecycle, render, render_lws
+from qwen_hicache import podlifecycle, render, render_lws, rollout
 from qwen_hicache.cli import offline_meta
-from qwen_hicache.plan import parse_spec
+from qwen_hicache.plan import parse_spec, plan
 from resources import derived, variant
 
 DOC = variant(**{"spec.nodesPerReplica": 2, "spec.runtime.tensorParallelSize": 4,
@@ -98,3 +99,26 @@ def test_cache_guard_makes_the_directory_and_the_worker_one_sweeps_partial_pages
     env["QWEN_HICACHE_FINGERPRINT"] = "v1-y"
     assert subprocess.run(guard["command"], env=env, capture_output=True, timeout=30).returncode == 0
     assert fresh.is_dir()  # a worker's fresh volume gets its directory, which the runtime would never create
+
+
+def test_services_budget_and_router_reach_group_leaders_only() -> None:
+    doc = variant(**{"spec.nodesPerReplica": 2, "spec.runtime.tensorParallelSize": 4,
+                     "spec.hicache.hostMemoryPerRankGB": 16, "spec.router": {"enabled": True}})  # fmt: skip
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in plan(offline_meta(doc), doc["spec"]).objects}
+    leaders = render_lws.leader_selector("flash-next")
+    assert ("StatefulSet", "flash-next") not in objs and ("LeaderWorkerSet", "flash-next") in objs
+    assert objs[("Service", "flash-next-headless")]["spec"]["selector"] == leaders
+    assert objs[("PodDisruptionBudget", "flash-next")]["spec"]["selector"] == {"matchLabels": leaders}
+    assert objs[("Service", "flash-next")]["spec"]["selector"]["app.kubernetes.io/component"] == "router"
+    workers = json.loads(objs[("ConfigMap", "flash-next-router-workers")]["data"]["workers.json"])["workers"]
+    assert [w["url"] for w in workers] == [
+        f"http://{render_lws.group_dns_name('flash-next', 'default', g)}:30000" for g in range(2)]
+
+
+def test_the_partition_is_restamped_and_clamped() -> None:
+    obj = render_lws.render_all(offline_meta(DOC), derived(DOC))[2]
+    held = render_lws.with_partition(obj, 9)
+    assert render_lws.partition_in(held) == 2 and render_lws.partition_in(obj) == 0
+    assert held["metadata"]["annotations"] != obj["metadata"]["annotations"]  # the hash covers the partition
+    assert render_lws.with_partition(held, 0) == obj
+    assert render_lws.template_target(obj) == rollout.target_of(parse_spec(DOC["spec"]))

@@ -33,7 +33,8 @@ class Derived:
     geometry: Geometry
     sizing: Sizing
     fit: tuple[str, ...]
-    """Why the pod cannot fit the smallest known node's allocatable memory (empty when it fits or is unknown)."""
+    """Why the pod cannot fit the smallest known node's allocatable memory, or (multi-node) the largest known
+    node's GPUs (empty when it fits or is unknown)."""
     launch: launch.LaunchSizing
     layout: CacheLayout
     managed_args: tuple[str, ...]
@@ -66,7 +67,21 @@ def smallest_node(spec: QwenHiCacheServerSpec, observed_bytes: int | None) -> in
     return min(known) if known else None
 
 
-def derive(spec: QwenHiCacheServerSpec, geometry: Geometry, node_bytes: int | None = None) -> Derived:
+def gpu_fit(spec: QwenHiCacheServerSpec, node_gpus: int | None) -> tuple[str, ...]:
+    """Why a multi-node server's pods cannot land: each needs `tensorParallelSize / nodesPerReplica` GPUs on one
+    node, and the largest node the operator could read has fewer. Unknown (None): not checked. One node per
+    replica is not checked here (its sizing has always been the memory fit only)."""
+    per_pod = spec.runtime.tensor_parallel_size // spec.nodes
+    if spec.nodes == 1 or node_gpus is None or node_gpus >= per_pod:
+        return ()
+    return (f"each of the {spec.nodes} pods of a replica needs {per_pod} GPUs ({spec.runtime.gpu_resource_name}: "
+            f"tensorParallelSize {spec.runtime.tensor_parallel_size} / nodesPerReplica {spec.nodes}) on one node, but "
+            f"the largest node that matches runtime.nodeSelector has {node_gpus}; raise nodesPerReplica or add "
+            "nodes with more GPUs",)
+
+
+def derive(spec: QwenHiCacheServerSpec, geometry: Geometry, node_bytes: int | None = None,
+           node_gpus: int | None = None) -> Derived:  # fmt: skip
     """Every derived fact of a spec whose geometry resolved. Raises SizingError (or an ArithmeticError for
     absurd numbers) when it cannot be sized; the caller turns that into a condition."""
     sized = compute_sizing(spec, geometry)
@@ -85,7 +100,7 @@ def derive(spec: QwenHiCacheServerSpec, geometry: Geometry, node_bytes: int | No
         spec=spec,
         geometry=geometry,
         sizing=sized,
-        fit=tuple(check_fit(sized, smallest_node(spec, node_bytes))),
+        fit=(*check_fit(sized, smallest_node(spec, node_bytes)), *gpu_fit(spec, node_gpus)),
         launch=sizing,
         layout=layout,
         managed_args=tuple(launch.managed_args(spec, sizing)),

@@ -52,9 +52,9 @@ def run_rollout(kube: KubeClient, live: Live, meta: Obj, old: Restart | None, p:
             res = engine.generate(act.ip, port, prompt) if act.ip else engine.CanaryResult(None, None, "no pod IP")
             rs = rollout.canary_sent(rs, act.pod, res.prompt_tokens, res.error)
         elif act.kind == "delete":
-            if router.ready_to_delete(kube, live, meta, p.spec, rs, act.pod, router_pods) and workload.release(
-                    kube, meta, p, rs, act):
-                rs = rollout.deleted(rs, act.pod, now)
+            if router.ready_to_delete(kube, live, meta, p.spec, rs, act.pod, router_pods) and (
+                    taken := workload.release(kube, live, meta, p, rs, act)) is not None:
+                rs = rollout.deleted(taken, act.pod, now)
         elif act.kind == "baseline":
             rs = rollout.baseline_read(rs, act.pod, act.uid, engine.cache_metrics(act.ip, port))
         elif act.kind == "verify":

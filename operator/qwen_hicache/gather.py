@@ -110,12 +110,19 @@ def cache_claims(claims: list[Obj], name: str) -> list[Obj]:
     return [c for c in claims if c["metadata"]["name"].startswith(prefix)]
 
 
-def node_memory(kube: KubeClient, raw_spec: Obj) -> int | None:
-    """Smallest allocatable memory among nodes matching the node selector; None when unknown or unreadable."""
-    wanted = ((raw_spec.get("runtime") or {}).get("nodeSelector")) or {}
-    sizes = [units.to_bytes(str(m)) for n in kube.list_nodes(wanted)
-             if (m := ((n.get("status") or {}).get("allocatable") or {}).get("memory"))]
-    return min(sizes) if sizes else None
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def node_capacity(kube: KubeClient, raw_spec: Obj) -> tuple[int | None, int | None]:
+    """From one list of the nodes matching the node selector: the smallest allocatable memory, and the most
+    allocatable GPUs of any (a node without the resource counts 0); each None when unknown or unreadable."""
+    runtime = raw_spec.get("runtime") or {}
+    nodes = kube.list_nodes(runtime.get("nodeSelector") or {})
+    allocatable = [(n.get("status") or {}).get("allocatable") or {} for n in nodes]
+    sizes = [units.to_bytes(str(m)) for a in allocatable if (m := a.get("memory"))]
+    gpu = str(runtime.get("gpuResourceName") or DEFAULT_GPU_RESOURCE)
+    gpus = [int(a.get(gpu) or 0) if str(a.get(gpu) or "0").isdigit() else 0 for a in allocatable]
+    return (min(sizes) if sizes else None), (max(gpus) if gpus else None)
 
 
 def ready(pod: Obj) -> bool:

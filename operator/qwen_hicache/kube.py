@@ -50,6 +50,7 @@ class KubeClient(Protocol):
     def resize_claim(self, namespace: str, name: str, storage: str) -> None: ...
     def evict_pod(self, namespace: str, name: str, uid: str) -> bool | None: ...
     def delete_orphaning(self, api_version: str, kind: str, namespace: str, name: str, uid: str) -> bool: ...
+    def set_owners(self, api_version: str, kind: str, namespace: str, name: str, owners: list[Obj]) -> None: ...
 
 
 class MemoryDiscoverer(LazyDiscoverer):
@@ -179,6 +180,14 @@ class Kube:
         """Merge-patch annotations onto an object the operator does not own (e.g. a volume claim)."""
         self._resource(api_version, kind).patch(
             body={"metadata": {"annotations": annotations}}, name=name, namespace=namespace,
+            content_type="application/merge-patch+json",
+        )
+
+    def set_owners(self, api_version: str, kind: str, namespace: str, name: str, owners: list[Obj]) -> None:
+        """Replace an object's owner references (a merge patch replaces the list whole: pass every one to keep),
+        so the garbage collector deletes it with its owners (a group's cache claim under `retention: Delete`)."""
+        self._resource(api_version, kind).patch(
+            body={"metadata": {"ownerReferences": owners}}, name=name, namespace=namespace,
             content_type="application/merge-patch+json",
         )
 

@@ -32,6 +32,8 @@ class Observed:
     router: sm.Router | None = None
     disk_usage: tuple[tuple[str, DiskUsage | None], ...] = ()
     """(pod, its cache-usage sidecar's numbers or None) per running pod; see `replica_cache`."""
+    groups: tuple[sm.GroupStatus, ...] | None = None
+    """Multi-node servers: each LeaderWorkerSet group (group_status.group_entries); None for a StatefulSet."""
     claim_history: tuple[str, ...] = ()
     """Earlier cache namespaces the cache volume claims record, newest first (see claim_history)."""
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import launch, policies, render
+from . import launch, policies, render, render_lws
 from . import status_model as sm
 from .derive import Derived, derive
 from .geometry import GeometryError, resolve_geometry
@@ -36,7 +36,7 @@ class Plan:
     def objects(self) -> list[Obj]:
         """Every object the operator would apply, the router's manifest with no pod drained (`qwen-hicache
         render`); empty when blocked."""
-        return render.render_all(self.meta, self.derived) if self.children and self.derived else []
+        return render_objects(self.meta, self.derived) if self.children and self.derived else []
 
     @property
     def blocked(self) -> bool:
@@ -64,6 +64,11 @@ class Plan:
         return self.derived.target if self.derived else ""
 
 
+def render_objects(meta: Obj, d: Derived, manifest: bool = True) -> list[Obj]:
+    """The objects of one server: a StatefulSet of one pod per replica, or LeaderWorkerSet groups across nodes."""
+    return (render_lws.render_all if d.spec.nodes > 1 else render.render_all)(meta, d, manifest)
+
+
 def format_validation_error(err: ValidationError) -> str:
     """One line per field error, with the camelCase path the user wrote."""
     parts = []
@@ -81,7 +86,7 @@ def parse_spec(raw: Obj) -> QwenHiCacheServerSpec:
 def launch_status(d: Derived) -> sm.Launch:
     """The derived launch configuration shown in status (what the pods actually run)."""
     tp = d.spec.runtime.tensor_parallel_size
-    return sm.Launch(image=d.spec.runtime.image, tensor_parallel_size=tp, gpus_per_pod=tp,
+    return sm.Launch(image=d.spec.runtime.image, tensor_parallel_size=tp, gpus_per_pod=tp // d.spec.nodes,
                      host_memory_per_rank_gb=d.launch.host_size_gb, args=d.args, render_version=render.RENDER_VERSION)
 
 
@@ -89,11 +94,12 @@ def _sizing_problem(message: str) -> policies.Problem:
     return policies.Problem("SizingInvalid", message, condition="SizingValid")
 
 
-def plan(meta: Obj, raw_spec: Obj, node_allocatable_bytes: int | None = None) -> Plan:
+def plan(meta: Obj, raw_spec: Obj, node_allocatable_bytes: int | None = None, node_gpus: int | None = None) -> Plan:
     """Everything the operator derives from one resource. Invalid input yields problems, not objects.
 
     `node_allocatable_bytes`: the smallest allocatable memory among the nodes the pods may land on, when the
-    operator could read them (checked together with the spec's `runtime.nodeMemory` hint)."""
+    operator could read them (checked together with the spec's `runtime.nodeMemory` hint); `node_gpus`: the most
+    allocatable GPUs any of those nodes has (a multi-node server's pods must each fit one)."""
     try:
         spec = parse_spec(raw_spec)
     except ValidationError as err:
@@ -101,13 +107,14 @@ def plan(meta: Obj, raw_spec: Obj, node_allocatable_bytes: int | None = None) ->
     if message := name_problem(str(meta.get("name", ""))):
         return Plan(spec, problems=[policies.Problem("InvalidName", message)])
     try:
-        return _plan_valid(meta, spec, node_allocatable_bytes)
+        return _plan_valid(meta, spec, node_allocatable_bytes, node_gpus)
     except Exception as err:  # noqa: BLE001 - no input may crash the operator: report it as a condition instead
         return Plan(spec, problems=[policies.Problem(
             "PlanFailed", f"the operator cannot evaluate this spec ({type(err).__name__}: {err}); please report it")])
 
 
-def _plan_valid(meta: Obj, spec: QwenHiCacheServerSpec, node_allocatable_bytes: int | None) -> Plan:
+def _plan_valid(meta: Obj, spec: QwenHiCacheServerSpec, node_allocatable_bytes: int | None,
+                node_gpus: int | None) -> Plan:  # fmt: skip
     try:
         geometry = resolve_geometry(spec.model)
     except GeometryError as err:
@@ -115,7 +122,7 @@ def _plan_valid(meta: Obj, spec: QwenHiCacheServerSpec, node_allocatable_bytes: 
     if early := policies.geometry_problems(spec, geometry):
         return Plan(spec, problems=early)
     try:
-        d = derive(spec, geometry, node_allocatable_bytes)
+        d = derive(spec, geometry, node_allocatable_bytes, node_gpus)
     except (SizingError, GeometryError) as err:
         return Plan(spec, problems=[_sizing_problem(str(err))])
     except (ArithmeticError, ValueError) as err:  # e.g. an extreme size that overflows a float
@@ -123,7 +130,7 @@ def _plan_valid(meta: Obj, spec: QwenHiCacheServerSpec, node_allocatable_bytes: 
                                                     "GPU memory and geometry values for extreme numbers")])
     problems = [_sizing_problem(m) for m in d.problems] + policies.evaluate(d)
     problems.sort(key=lambda p: not p.blocking)
-    children = [] if any(p.blocking for p in problems) else render.render_all(meta, d, manifest=False)
+    children = [] if any(p.blocking for p in problems) else render_objects(meta, d, manifest=False)
     return Plan(spec, children, problems, d, meta)
 
 

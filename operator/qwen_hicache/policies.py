@@ -194,19 +194,7 @@ def context_too_long(spec: QwenHiCacheServerSpec, g: Geometry) -> Problem | None
     )
 
 
-def multinode_not_served_yet(spec: QwenHiCacheServerSpec, g: Geometry) -> Problem | None:
-    """The API takes `nodesPerReplica > 1`, but this operator does not render LeaderWorkerSet groups yet (the
-    pieces exist, see docs/multinode.md): refuse rather than run one oversized pod per replica."""
-    if spec.nodes == 1:
-        return None
-    return Problem(
-        "MultiNodeNotSupported",
-        f"nodesPerReplica {spec.nodes} needs LeaderWorkerSet groups, which this operator version does not render yet; "
-        "nothing is applied. Use nodesPerReplica 1 (one pod with all tensorParallelSize GPUs) for now",
-    )
-
-
-GEOMETRY_CHECKS = (no_kv_layers, tp_vs_kv_heads, context_too_long, multinode_not_served_yet)
+GEOMETRY_CHECKS = (no_kv_layers, tp_vs_kv_heads, context_too_long)
 
 
 def geometry_problems(spec: QwenHiCacheServerSpec, g: Geometry) -> list[Problem]:

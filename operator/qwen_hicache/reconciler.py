@@ -108,19 +108,21 @@ def _converge(kube: KubeClient, body: Obj, old: sm.QwenHiCacheServerStatus, p: P
     history = execute.annotate_claims(kube, meta, gather.cache_claims(claims, meta["name"]),
                                       p.derived.layout.fingerprint, disk.keep_old_namespaces) if disk.enabled else ()
     pods = gather.pods(kube, meta)
+    workload.repair(kube, meta, pods.serving, outcome.applied)
     restart, outcome.rollout_actions = execute.run_rollout(kube, live, meta, old.restart, p, pods.serving,
                                                            pods.router, workload, now)
     routing = router.sync(kube, live, meta, p.spec, restart, pods.router, old.router, outcome.applied)
     running = live.get((workload.kind, meta["name"])) if workload.desired(p) else None  # None: being re-created
+    usage = gather.disk_usage(pods.serving) if disk.enabled else ()
     return p, Observed(sts=running, restart=restart, admin_secret=secret,
                        pod_problems=gather.pod_problems(pods.serving), router=routing, claim_history=history,
-                       disk_usage=gather.disk_usage(pods.serving) if disk.enabled else ())
+                       disk_usage=usage, groups=workload.groups(pods.serving, usage, restart))
 
 
 def _what_runs(kube: KubeClient, meta: Obj, old: sm.QwenHiCacheServerStatus, workload: Workload) -> Observed:
     """A refused spec applies nothing: report the workload that keeps running and keep a rollout's record."""
     try:
-        running = kube.get("apps/v1", workload.kind, meta["namespace"], meta["name"])
+        running = kube.get(workload.api_version, workload.kind, meta["namespace"], meta["name"])
     except API_ERRORS:
         running = None
     return Observed(sts=running, restart=old.restart, router=old.router)
@@ -129,8 +131,8 @@ def _what_runs(kube: KubeClient, meta: Obj, old: sm.QwenHiCacheServerStatus, wor
 def _reconcile_locked(kube: KubeClient, body: Obj, post_event: EventSink, now: str) -> Outcome:
     meta, stored = body["metadata"], body.get("status") or {}
     old = sm.read_status(stored)
-    p = plan(meta, body.get("spec") or {}, gather.node_memory(kube, body.get("spec") or {}))
-    workload = manager_for(p)
+    p = plan(meta, body.get("spec") or {}, *gather.node_capacity(kube, body.get("spec") or {}))
+    workload = manager_for(p, meta["name"], old.restart)
     outcome = Outcome()
     obs = Observed()
     if not p.blocked:

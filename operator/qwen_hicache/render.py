@@ -277,6 +277,11 @@ def render_all(meta: Obj, d: Derived, manifest: bool = True) -> list[Obj]:
     """Every object the operator applies for one resource, in apply order, each stamped with its hash.
     `manifest=False`: without the router's worker manifest, which the reconciler renders once per pass with the
     rollout's drained pods (router.py); `qwen-hicache render` shows it with none drained."""
+    return [with_hash(o) for o in unstamped(meta, d, manifest)]
+
+
+def unstamped(meta: Obj, d: Derived, manifest: bool = True) -> list[Obj]:
+    """`render_all` before the hash stamp (render_lws swaps in the multi-node pieces, then stamps)."""
     spec = d.spec
     objects = [
         get_headless_service(meta, spec),
@@ -290,4 +295,4 @@ def render_all(meta: Obj, d: Derived, manifest: bool = True) -> list[Obj]:
         objects += [*([render_router.get_manifest_configmap(meta, spec, owner)] if manifest else []),
                     render_router.get_router_service(meta, spec, owner),
                     render_router.get_router_deployment(meta, spec, owner)]
-    return [with_hash(o) for o in objects]
+    return objects

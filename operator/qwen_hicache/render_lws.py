@@ -27,9 +27,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from . import podlifecycle, render
+from . import podlifecycle, render, render_router
 from .derive import Derived
-from .rollout import allowed_down
+from .drift import HASH_ANNOTATION, with_hash
+from .rollout import CONFIG_HASH_ANNOTATION, RESTART_ANNOTATION, allowed_down, target
 from .spec import QwenHiCacheServerSpec
 
 Obj = dict[str, Any]
@@ -130,4 +131,46 @@ def get_leaderworkerset(meta: Obj, d: Derived, partition: int) -> Obj:
 
 def group_dns_name(name: str, namespace: str, group: int) -> str:
     """A group leader's stable DNS name under UniquePerReplica (what LWS_LEADER_ADDRESS holds, fully qualified)."""
-    return f"{name}-{group}.{name}-{group}.{namespace}.svc.cluster.local"
+    return render_router.worker_host(name, namespace, group, nodes=2)
+
+
+def render_all(meta: Obj, d: Derived, manifest: bool = True, partition: int = 0) -> list[Obj]:
+    """`render.render_all` of a multi-node server: the LeaderWorkerSet in the StatefulSet's place, and the
+    Services and the PodDisruptionBudget select group leaders only (workers serve no API). A client Service the
+    router took over keeps the router's selector."""
+    name = meta["name"]
+    out = []
+    for obj in render.unstamped(meta, d, manifest):
+        if obj["kind"] == "StatefulSet":
+            obj = get_leaderworkerset(meta, d, partition)
+        elif obj["kind"] == "PodDisruptionBudget":
+            obj["spec"]["selector"] = {"matchLabels": leader_selector(name)}
+        elif obj["kind"] == "Service" and obj["spec"]["selector"] == render.selector(name):
+            obj["spec"]["selector"] = leader_selector(name)
+        out.append(with_hash(obj))
+    return out
+
+
+def partition_in(lws: Obj) -> int:
+    """The partition an LWS holds (0 when unset: every group at the current revision)."""
+    rolling = ((lws.get("spec") or {}).get("rolloutStrategy") or {}).get("rollingUpdateConfiguration") or {}
+    return int(rolling.get("partition") or 0)
+
+
+def template_target(lws: Obj) -> str:
+    """The rollout target the LWS's leader template carries (what its new groups will run)."""
+    leader = ((lws.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("leaderTemplate") or {}
+    ann = (leader.get("metadata") or {}).get("annotations") or {}
+    return target(ann.get(CONFIG_HASH_ANNOTATION, ""), ann.get(RESTART_ANNOTATION))
+
+
+def with_partition(lws: Obj, partition: int) -> Obj:
+    """The desired LWS holding another partition, stamped again (the hash covers the partition)."""
+    obj = copy.deepcopy(lws)
+    obj["metadata"]["annotations"] = {k: v for k, v in (obj["metadata"].get("annotations") or {}).items()
+                                      if k != HASH_ANNOTATION}  # fmt: skip
+    if not obj["metadata"]["annotations"]:
+        del obj["metadata"]["annotations"]
+    rolling = obj["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]
+    rolling["partition"] = max(0, min(partition, obj["spec"]["replicas"]))
+    return with_hash(obj)

@@ -37,20 +37,24 @@ def manifest_name(name: str) -> str:
     return f"{name}-router-workers"
 
 
-def worker_host(name: str, namespace: str, ordinal: int) -> str:
-    """The pod's stable DNS name: `<pod>.<headless service>.<namespace>.svc.cluster.local`."""
-    return f"{name}-{ordinal}.{name}-headless.{namespace}.svc.cluster.local"
+def worker_host(name: str, namespace: str, ordinal: int, nodes: int = 1) -> str:
+    """The serving pod's stable DNS name: `<pod>.<headless service>.<namespace>.svc.cluster.local`; with
+    `nodes > 1` the group leader's, under the headless Service LWS makes per group (`subdomainPolicy:
+    UniquePerReplica`: `<server>-<group>`)."""
+    subdomain = f"{name}-{ordinal}" if nodes > 1 else f"{name}-headless"
+    return f"{name}-{ordinal}.{subdomain}.{namespace}.svc.cluster.local"
 
 
-def worker_url(name: str, namespace: str, ordinal: int, port: int) -> str:
-    return f"http://{worker_host(name, namespace, ordinal)}:{port}"
+def worker_url(name: str, namespace: str, ordinal: int, port: int, nodes: int = 1) -> str:
+    return f"http://{worker_host(name, namespace, ordinal, nodes)}:{port}"
 
 
 def manifest(meta: Obj, spec: QwenHiCacheServerSpec, drained: frozenset[str] = frozenset()) -> Obj:
     """The router's worker list: every serving pod except those the rollout took out (`drained`)."""
     name, ns = meta["name"], meta["namespace"]
+    port, nodes = spec.runtime.port, spec.nodes
     workers = [
-        {"id": f"{name}-{i}", "url": worker_url(name, ns, i, spec.runtime.port), "model_id": spec.model.served_name}
+        {"id": f"{name}-{i}", "url": worker_url(name, ns, i, port, nodes), "model_id": spec.model.served_name}
         for i in range(spec.replicas)
         if f"{name}-{i}" not in drained
     ]

@@ -188,11 +188,12 @@ def _described(plan: Plan, obs: Observed, old: sm.QwenHiCacheServerStatus, now: 
     (nothing of a refused spec reaches the cluster, so its sizing would describe pods that do not exist)."""
     if plan.blocked:
         return {"launch": old.launch, "sizing": old.sizing, "cache": old.cache, "replica_cache": old.replica_cache,
-                "cache_summary": old.cache_summary}
+                "cache_summary": old.cache_summary, "groups": old.groups}
     keep = plan.spec.hicache.disk.keep_old_namespaces if plan.spec else 0
     entries, summary = replica_cache(obs.disk_usage, obs.restart, old, now)
     return {"launch": plan.launch, "sizing": plan.sizing, "replica_cache": entries, "cache_summary": summary,
-            "cache": cache_history(plan.cache, old.cache, keep, obs.claim_history)}
+            "cache": cache_history(plan.cache, old.cache, keep, obs.claim_history),
+            "groups": list(obs.groups) if obs.groups is not None else None}
 
 
 # -- Per-replica cache: disk tier use vs cap, namespace age, last restart's restored tokens -----------------

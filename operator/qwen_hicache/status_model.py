@@ -154,6 +154,10 @@ class FingerprintInputs(ApiModel):
     draft_layers: int | None = None
     tensor_parallel_size: int | None = None
     pipeline_parallel_size: int | None = None
+    nodes: int | None = None
+    """Nodes per replica (multi-node servers only): each node's volume holds its own ranks' shards."""
+    ranks_per_node: int | None = None
+    """TP ranks on each node (multi-node servers only)."""
     model_overrides: list[str] | None = None
     """Byte-affecting runtime.extraArgs (flags with their values)."""
 
@@ -281,6 +285,37 @@ class ReplicaCache(ApiModel):
     """Canary tokens restored from disk at the pod's last verified restart."""
 
 
+class GroupNode(ApiModel):
+    """One node (pod) of a multi-node replica: readiness and its own disk tier (its cache-usage sidecar)."""
+
+    node: int
+    """The node rank (LWS worker index; 0 is the leader)."""
+    pod: str
+    ready: bool = False
+    disk_used_bytes: int | None = None
+    disk_cap_bytes: int | None = None
+    disk_used_ratio: float | None = None
+    disk_page_files: int | None = None
+
+
+class GroupRestart(ApiModel):
+    """A group's last verified restart: the canary replayed at its leader (a disk hit is the MIN over all ranks,
+    so it speaks for every node)."""
+
+    warm: bool
+    storage_tokens: int = 0
+
+
+class GroupStatus(ApiModel):
+    """One replica of a multi-node server (a LeaderWorkerSet group)."""
+
+    group: int
+    leader: str
+    ready_nodes: int
+    nodes: list[GroupNode]
+    last_restart: GroupRestart | None = None
+
+
 class QwenHiCacheServerStatus(ApiModel):
     """Observed state, written by the operator once per reconcile. It always describes what runs: a refused
     spec change leaves launch, sizing and cache as last applied and says so in the conditions."""
@@ -304,6 +339,8 @@ class QwenHiCacheServerStatus(ApiModel):
     replica_cache: list[ReplicaCache] | None = None
     cache_summary: str | None = None
     """Fullest replica's disk vs cap, warm/restarted pods of the last rollout, namespace age."""
+    groups: list[GroupStatus] | None = None
+    """Multi-node servers (`nodesPerReplica > 1`): one entry per replica's LeaderWorkerSet group."""
 
 
 def validate_status(status: Obj) -> QwenHiCacheServerStatus:

@@ -68,6 +68,11 @@ Shared by the ClusterRole (cluster-wide mode) and every Role (namespace-scoped m
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# A multi-node server's LeaderWorkerSet (nodesPerReplica > 1; needs the LWS controller): read to compare,
+# server-side apply (create + patch), its partition lowered group by group during a rolling restart.
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
+  verbs: ["get", "create", "patch"]
 # The client, headless and router Services: listed by the server's labels to compare (one list for all of
 # them), server-side apply (create + patch, as above).
 - apiGroups: [""]

@@ -1,0 +1,217 @@
+"""The workload managers through reconcile() against the in-memory API server (tests/fakekube.py): a multi-node
+server (`nodesPerReplica: 2`, LeaderWorkerSet groups), the exact API calls of one pass, with a LeaderWorkerSet
+controller stand-in that is stricter than the real one (it recreates whole groups, only at or above the partition,
+and makes nothing ready by itself)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fakekube import FakeKube
+from qwen_hicache import reconciler, render_lws
+from qwen_hicache.constants import labels as server_labels
+from qwen_hicache.constants import selector
+from qwen_hicache.spec import KIND
+from test_reconciler import NAME, NOW, NS, Runtime, server
+from test_reconciler import runtime as runtime  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.fake
+SIZE, REPLICAS = 2, 2
+POD_SEL = f"app.kubernetes.io/instance={NAME}"
+SERVER_SEL = ",".join(f"{k}={v}" for k, v in sorted(selector(NAME).items()))
+OWNED_SEL = f"app.kubernetes.io/instance={NAME},app.kubernetes.io/managed-by=qwen-hicache-operator"
+LEADERS = {f"{NAME}-{g}" for g in range(REPLICAS)}
+
+
+def gpu_node(gpus: int) -> dict:
+    return {"metadata": {"name": f"n{gpus}", "labels": {"nvidia.com/gpu.present": "true"}},
+            "status": {"allocatable": {"memory": "2000Gi", "nvidia.com/gpu": str(gpus)}}}  # fmt: skip
+
+
+class Groups:
+    """The fake API server with one multi-node server, and what LWS and its StatefulSets would do."""
+
+    def __init__(self, runtime: Runtime, nodes: list[dict] | None = None, **spec: Any) -> None:
+        doc = server(nodesPerReplica=SIZE, **{"router.enabled": False, **spec})
+        self.kube, self.runtime, self.events, self.born = FakeKube(doc, nodes=nodes), runtime, [], 0
+
+    def reconcile(self, minute: int = 0) -> reconciler.Outcome:
+        self.kube.reset()
+        return reconciler.reconcile(self.kube, {"metadata": {"namespace": NS, "name": NAME}},
+                                    lambda body, kind, reason, msg: self.events.append((kind, reason)), NOW[minute])
+
+    def edit(self, **changes: Any) -> None:
+        obj = self.kube.server()
+        for path, value in changes.items():
+            *parents, leaf = path.split(".")
+            node = obj["spec"]
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+        obj["metadata"]["generation"] += 1
+
+    def lws(self) -> dict:
+        return self.kube.find("LeaderWorkerSet", NAME)
+
+    def partition(self) -> int:
+        return self.lws()["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]["partition"]
+
+    def controller(self, ready: bool = True) -> None:
+        """LWS: every group at or above the partition whose pods are not at the template is recreated whole
+        (new uids, same claims); groups below it are left alone; readyReplicas counts whole ready groups."""
+        lws = self.lws()
+        lwt, replicas = lws["spec"]["leaderWorkerTemplate"], lws["spec"]["replicas"]
+        want = lwt["leaderTemplate"]["metadata"]["annotations"]
+        for g in range(replicas):
+            leader = self.kube.find("Pod", f"{NAME}-{g}")
+            stale = leader is None or leader["metadata"]["annotations"] != want
+            if g >= render_lws.partition_in(lws) and stale:
+                for w in range(SIZE):
+                    self.pod(g, w, lwt["leaderTemplate" if w == 0 else "workerTemplate"], ready)
+        ready_groups = sum(all(self._ready(f"{NAME}-{g}" + (f"-{w}" if w else "")) for w in range(SIZE))
+                           for g in range(replicas))  # fmt: skip
+        lws["status"] = {"replicas": replicas, "readyReplicas": ready_groups}
+
+    def _ready(self, name: str) -> bool:
+        pod = self.kube.find("Pod", name)
+        return bool(pod and pod["status"]["conditions"][0]["status"] == "True")
+
+    def pod(self, g: int, w: int, template: dict, ready: bool = True, created: str = NOW[0]) -> None:
+        self.born += 1
+        name = f"{NAME}-{g}" + (f"-{w}" if w else "")
+        claim = f"hicache-{name}"
+        self.kube.put({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                       "metadata": {"name": claim, "namespace": NS, "labels": server_labels(NAME)},
+                       "spec": {"resources": {"requests": {"storage": "1"}}}})  # fmt: skip
+        labels = {**template["metadata"]["labels"], render_lws.GROUP_INDEX_LABEL: str(g),
+                  render_lws.WORKER_INDEX_LABEL: str(w), render_lws.LWS_NAME_LABEL: NAME}  # fmt: skip
+        conditions = [{"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": NOW[1]}]
+        self.kube.put({"apiVersion": "v1", "kind": "Pod",
+                       "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}-{self.born}",
+                                    "labels": labels, "annotations": dict(template["metadata"]["annotations"]),
+                                    "creationTimestamp": created},
+                       "status": {"podIP": f"10.0.{g}.{w + 1}", "conditions": conditions}})  # fmt: skip
+
+    def converged(self) -> Groups:
+        self.reconcile()
+        self.controller()
+        self.reconcile(1)
+        return self
+
+    def status(self) -> dict:
+        return self.kube.server().get("status") or {}
+
+    def condition(self, ctype: str) -> dict:
+        return next(c for c in self.status()["conditions"] if c["type"] == ctype)
+
+
+def test_a_new_multi_node_server_applies_one_leaderworkerset_and_selects_leaders(runtime: Runtime) -> None:
+    world = Groups(runtime)
+    world.reconcile()
+    assert world.kube.writes == [
+        ("apply", "Service", f"{NAME}-headless"), ("apply", "Service", NAME), ("apply", "LeaderWorkerSet", NAME),
+        ("apply", "PodDisruptionBudget", NAME), ("create", "Secret", f"{NAME}-admin"), ("patch_status", KIND, NAME)]
+    assert world.kube.find("StatefulSet", NAME) is None
+    assert world.partition() == 0
+    leaders = {**selector(NAME), render_lws.WORKER_INDEX_LABEL: "0"}
+    assert world.kube.find("Service", NAME)["spec"]["selector"] == leaders
+    assert world.kube.find("PodDisruptionBudget", NAME)["spec"]["selector"] == {"matchLabels": leaders}
+    assert world.condition("SpecValid")["status"] == "True"
+
+
+def test_a_converged_groups_resync_writes_nothing_and_reports_each_group(runtime: Runtime) -> None:
+    world = Groups(runtime).converged()
+    outcome = world.reconcile(5)
+    assert world.kube.writes == [] and not outcome.applied
+    assert world.kube.reads == [
+        ("get", KIND, NAME), ("list", "Node"), ("list", "Service", OWNED_SEL), ("get", "LeaderWorkerSet", NAME),
+        ("get", "PodDisruptionBudget", NAME), ("list", "PersistentVolumeClaim", SERVER_SEL), ("list", "Pod", POD_SEL)]
+    status = world.status()
+    assert world.condition("Ready")["status"] == "True" and status["replicasSummary"] == "2/2"
+    assert [(g["group"], g["leader"], g["readyNodes"]) for g in status["groups"]] == [
+        (0, f"{NAME}-0", 2), (1, f"{NAME}-1", 2)]
+    assert [n["pod"] for n in status["groups"][1]["nodes"]] == [f"{NAME}-1", f"{NAME}-1-1"]
+
+
+def test_a_restart_applies_the_new_template_holding_every_group_then_releases_the_highest(runtime: Runtime) -> None:
+    world = Groups(runtime).converged()
+    before = {n: world.kube.find("Pod", n)["metadata"]["uid"] for n in (f"{NAME}-0", f"{NAME}-1-1")}
+    world.edit(restart="r1")
+    world.reconcile(2)
+    # One apply: the new template and partition = replicas together, so LWS restarts nothing by itself.
+    assert world.kube.writes == [("apply", "LeaderWorkerSet", NAME), ("patch_status", KIND, NAME)]
+    lws = world.lws()
+    assert world.partition() == REPLICAS
+    assert lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]["annotations"][
+        "qwenhicache.io/restart"] == "r1"
+    assert ("generate", "10.0.1.1") in runtime.calls  # the canary at group 1's leader
+    world.controller()
+    assert {n: world.kube.find("Pod", n)["metadata"]["uid"] for n in before} == before  # nothing restarted
+
+    world.reconcile(3)  # release: the partition goes down to group 1, nothing is evicted
+    assert world.kube.writes == [("apply", "LeaderWorkerSet", NAME), ("patch_status", KIND, NAME)]
+    assert world.partition() == 1 and world.status()["restart"]["partition"] == 1
+    assert world.status()["restart"]["inFlight"][0] == {**world.status()["restart"]["inFlight"][0],
+                                                         "pod": f"{NAME}-1", "step": "WaitingReady"}
+    world.controller()  # LWS recreates group 1 only
+    assert world.kube.find("Pod", f"{NAME}-0")["metadata"]["uid"] == before[f"{NAME}-0"]
+    assert world.kube.find("Pod", f"{NAME}-1-1")["metadata"]["uid"] != before[f"{NAME}-1-1"]
+    world.reconcile(4)  # the warm check at the leader, then group 0's canary; a replayed pass lowers nothing twice
+    for minute in range(6, 20):
+        world.reconcile(minute)
+        world.controller()
+        if world.status()["restart"]["phase"] == "Complete":
+            break
+    rs = world.status()["restart"]
+    assert rs["phase"] == "Complete" and [r["pod"] for r in rs["results"]] == [f"{NAME}-1", f"{NAME}-0"]
+    assert world.partition() == 0
+    assert all(g["lastRestart"]["warm"] for g in world.status()["groups"])
+    world.reconcile(30)
+    assert world.kube.writes == []
+
+
+def test_a_worker_back_without_its_group_gets_its_leader_evicted_by_uid(runtime: Runtime) -> None:
+    world = Groups(runtime).converged()
+    leader_uid = world.kube.find("Pod", f"{NAME}-0")["metadata"]["uid"]
+    template = world.lws()["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    world.pod(0, 1, template, ready=False, created=NOW[4])  # created after its leader turned Ready (NOW[1])
+    world.reconcile(5)
+    assert ("evict", "Pod", f"{NAME}-0", leader_uid) in world.kube.writes
+    assert world.kube.find("Pod", f"{NAME}-0") is None
+
+
+def test_retention_delete_makes_the_server_own_every_cache_claim_once(runtime: Runtime) -> None:
+    world = Groups(runtime, **{"hicache.disk.retention": "Delete"}).converged()
+    claims = sorted(n for (k, _, n) in world.kube.objects if k == "PersistentVolumeClaim")
+    assert claims == [f"hicache-{NAME}-0", f"hicache-{NAME}-0-1", f"hicache-{NAME}-1", f"hicache-{NAME}-1-1"]
+    for name in claims:
+        refs = world.kube.find("PersistentVolumeClaim", name)["metadata"]["ownerReferences"]
+        assert [(r["kind"], r["uid"], r["controller"]) for r in refs] == [(KIND, "uid-srv", False)]
+    world.reconcile(5)
+    assert world.kube.writes == []
+
+
+def test_retain_leaves_the_claims_unowned(runtime: Runtime) -> None:
+    world = Groups(runtime).converged()
+    assert not world.kube.find("PersistentVolumeClaim", f"hicache-{NAME}-1-1")["metadata"].get("ownerReferences")
+
+
+def test_a_node_count_no_node_can_hold_applies_nothing_and_says_why(runtime: Runtime) -> None:
+    world = Groups(runtime, nodes=[gpu_node(1)])  # each pod needs tensorParallelSize 2 / 2 nodes = 1 GPU: fits
+    world.reconcile()
+    assert ("apply", "LeaderWorkerSet", NAME) in world.kube.writes
+    world = Groups(runtime, nodes=[gpu_node(1)], **{"runtime.tensorParallelSize": 4})
+    world.reconcile()
+    assert world.kube.writes == [("patch_status", KIND, NAME)]
+    assert world.condition("SizingValid")["status"] == "False" and "needs 2 GPUs" in world.condition(
+        "SizingValid")["message"]
+
+
+def test_a_disk_change_on_groups_is_refused_and_the_groups_keep_running(runtime: Runtime) -> None:
+    world = Groups(runtime).converged()
+    world.edit(**{"hicache.disk.size": "800Gi"})
+    world.reconcile(5)
+    assert world.kube.writes == [("patch_status", KIND, NAME)]
+    assert world.condition("Degraded")["reason"] == "DiskChangeRefused"
+    assert world.condition("Ready")["status"] == "True"
