@@ -359,6 +359,7 @@ def step_cold(args, st, report: dict) -> None:
                                    "(the lock pins triton 3.8.0)")
     if ep.ENGINE_CMD:
         report["stand_ins"].append("engine: " + " ".join(ep.ENGINE_CMD))
+    report["stand_ins"] += args.note
     st.s1 = ep.Server(p, args.site, st.logs, "cold", tp)
     report["start_cold_s"] = st.s1.start()
     st.cold, st.files_by_conv, seen = [], [], set()
@@ -557,7 +558,7 @@ def environment() -> dict:
 BENCH_JSON = REPO / "bench" / "gpu_engine.json"
 RECORD_KEYS = ("date", "gpu", "model_type", "tp", "restarts", "ttft_cold_s", "ttft_host_s", "ttft_disk_s",
                "restore_gbps", "disk_read_gbps", "copy_gbps", "copy_limit_gbps", "damage",
-               "router", "wide")  # fmt: skip
+               "router", "wide", "stand_ins")  # fmt: skip
 WIDE_KEYS = ("weight_bytes", "ttft_cold_s", "ttft_disk_s", "disk_vs_cold", "storage_hit_tokens", "tokens_identical",
              "prompts", "logits_max_abs_diff")  # fmt: skip
 ROUTER_KEYS = ("replicas", "policy", "conversations", "landed_before", "landed_after", "stayed", "warm",
@@ -637,6 +638,7 @@ def main() -> int:
     ap.add_argument("--fillers", type=int, default=48)
     ap.add_argument("--model-dir", type=Path, help="use this model directory instead of building the tiny one")
     ap.add_argument("--check-weights", action="store_true", help="load_weights check beside the cold start")
+    ap.add_argument("--note", action="append", default=[], help="a condition of this run, kept in stand_ins")
     ap.add_argument("--engine-cmd", default="", help="CPU test only: run this, not the rendered command")
     ap.add_argument("--engine-path", default="", help="CPU test only: PYTHONPATH entries for --engine-cmd")
     args = ap.parse_args()
