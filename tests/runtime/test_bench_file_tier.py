@@ -15,6 +15,8 @@ def test_file_tier_bench_smoke(wheel: Path, tmp_path: Path):
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = {line.split("  ")[0].strip() for line in proc.stdout.splitlines()}
-    assert {"durable write MB/s", "disk read MB/s", "startup s (cap on)"} <= rows, proc.stdout
+    rows = {" ".join(line.split()[:-5]) for line in proc.stdout.splitlines()}  # pattern op | 3 spreads, target
+    patterns = ("kv chunks", "hybrid", "small", "2 ranks")
+    assert {f"{p} {op}" for p in patterns for op in ("write", "read")} <= rows, proc.stdout
+    assert "startup s (cap on)" in proc.stdout
     assert "stale .tmp left after startup          2         0" in proc.stdout  # the parent never sweeps

@@ -1,0 +1,258 @@
+"""One process of bench/file_tier.py: the tree's own backup thread writing one pattern, then the reads.
+
+    python bench/file_tier_worker.py TREE WORKDIR SPEC_JSON     # prints one JSON line per measurement
+
+Runs in its own interpreter (one sglang tree per process) and imports the tree as the runtime does (the whole
+package; torchvision stubbed as tests/runtime/cpu_stub.py does: its wheel needs CUDA). What runs is the tree's
+code: its ``HiCacheController`` (KV only) or ``HybridCacheController`` (KV plus sidecars) backup thread, built as
+the probes build it (tests/runtime/file_tier_identity_probe.py: the attributes ``attach_storage_backend`` sets
+for the file backend), its host pools (``MHATokenToKVPoolHost`` page_first, ``QSAIndexerPoolHost``,
+``MambaPoolHost``) and its ``HiCacheFile``. Backup operations are queued at once, as a burst of finished
+requests queues them, and timed from the first queued to the last acknowledged.
+
+The parent never syncs, so its pages are not durable when it acknowledges; with ``parent_sync`` the worker
+wraps the parent's ``_page_backup_or_log`` to end every operation with the one ``syncfs`` the patched tree
+makes (patch 0006's group commit): "the parent plus the same syncs".
+
+Reads: every page file dropped from the page cache (``POSIX_FADV_DONTNEED`` after a sync), then the KV pages
+read back by the controller's own prefetch path (``_generic_page_get``, 128-page batches), checked equal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import inspect
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from queue import Queue
+from types import SimpleNamespace
+
+REPO = Path(__file__).resolve().parents[1]
+TREE, WORK, SPEC = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
+sys.path.insert(0, str(REPO / "tests/runtime"))
+import cpu_stub  # noqa: E402
+
+cpu_stub.install()
+sys.path.insert(0, str(TREE))
+logging.disable(logging.CRITICAL)
+
+import torch  # noqa: E402
+from sglang.srt.managers.cache_controller import HiCacheController  # noqa: E402
+from sglang.srt.mem_cache import hicache_storage as hs  # noqa: E402
+from sglang.srt.mem_cache.device_pool_info import (  # noqa: E402
+    KVBufferLayout,
+    KVBuffers,
+    MambaStateBufferInfo,
+    MHABufferInfo,
+)
+from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.pool_host.qsa import QSAIndexerPoolHost  # noqa: E402
+
+PAGE = 64
+CHUNK = 128  # the controllers' STORAGE_BATCH_SIZE: prefetch reads in the same batches
+G = SPEC["geometry"]  # layers, heads, dim (KV); mamba_layers, mamba_heads, mamba_dim; index_layers, index_width
+
+
+def syncfs(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if ctypes.CDLL(None, use_errno=True).syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
+
+
+def drop_cache(path: Path) -> None:
+    for name in os.listdir(path):
+        fd = os.open(path / name, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def kv_host(pages: int) -> MHATokenToKVPoolHost:
+    layers, heads, dim = G["layers"], G["heads"], G["dim"]
+    # The device buffers only lend shapes and dtype to the host pool; one page of them is enough.
+    k = tuple(torch.zeros(PAGE, heads, dim, dtype=torch.bfloat16) for _ in range(layers))
+    v = tuple(torch.zeros(PAGE, heads, dim, dtype=torch.bfloat16) for _ in range(layers))
+    ptrs = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)  # noqa: E731
+    info = MHABufferInfo(
+        buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs(k), v_data_ptrs=ptrs(v), layout=KVBufferLayout.NHD),
+        page_size=PAGE, head_num=heads, head_dim=dim, v_head_dim=dim, dtype=torch.bfloat16,
+        device=torch.device("cpu"),
+    )  # fmt: skip
+    return MHATokenToKVPoolHost(info, 1.0, 0, PAGE, "page_first", pin_memory=False,
+                                device_capacity_tokens=PAGE * pages, start_layer=0, end_layer=layers,
+                                host_token_capacity=PAGE * pages)  # fmt: skip
+
+
+def mamba_host(slots: int) -> MambaPoolHost:
+    layers = G["mamba_layers"]
+    info = MambaStateBufferInfo(
+        temporal=torch.zeros(layers, slots, G["mamba_heads"], G["mamba_dim"], G["mamba_dim"], dtype=torch.float32),
+        conv=(torch.zeros(layers, slots, 8 * G["mamba_heads"], 3, dtype=torch.bfloat16),),
+        extra_checkpoint_buffers=(torch.zeros(slots, 3, 5, dtype=torch.bfloat16),
+                                  torch.zeros(slots, 7, dtype=torch.int32)),
+    )  # fmt: skip
+    # host_slots: patch 0002's host slot count (the parent sizes the host pool by the ratio alone)
+    sized = {"host_slots": slots} if "host_slots" in inspect.signature(MambaPoolHost.__init__).parameters else {}
+    return MambaPoolHost(info, 1.0, 0, device_capacity=slots, pin_memory=False, layout="page_first", **sized)
+
+
+def qsa_host(anchor: MHATokenToKVPoolHost) -> QSAIndexerPoolHost:
+    ratio = 4
+    device = SimpleNamespace(
+        qsa_compress_ratio=ratio,
+        qsa_compressed_k_buffer_pool=[torch.zeros(PAGE // ratio, G["index_width"], dtype=torch.uint8)
+                                      for _ in range(G["index_layers"])],
+    )  # fmt: skip
+    return QSAIndexerPoolHost(device, anchor)
+
+
+def store(path: Path, rank: int, ranks: int) -> hs.HiCacheFile:
+    cfg = hs.HiCacheStorageConfig(tp_rank=rank, tp_size=ranks, pp_rank=0, pp_size=1, attn_cp_rank=0,
+                                  attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
+                                  is_page_first_layout=True, model_name="Qwen/bench")  # fmt: skip
+    return hs.HiCacheFile(cfg, file_path=str(path))
+
+
+def controller(hybrid: bool, backend: hs.HiCacheFile, pools: dict) -> HiCacheController:
+    """The tree's backup thread's object, attributes as attach_storage_backend sets them for the file backend."""
+    ctrl = object.__new__(HybridCacheController if hybrid else HiCacheController)
+    ctrl.__dict__.update(
+        enable_storage=True, page_size=PAGE, storage_stop_event=threading.Event(), backup_drain_deadline=None,
+        backup_queue=Queue(), ack_backup_queue=Queue(), storage_backend=backend, storage_backend_type="file",
+        storage_host_pool=pools[hs.PoolName.KV], storage_config=SimpleNamespace(is_storage_writer=True),
+        mem_pool_host=SimpleNamespace(layout_lease=contextlib.nullcontext, entry_map={}),
+        pp_prefetch_command_thread=None, backup_skip=False,
+    )  # fmt: skip
+    ctrl.page_set_func = ctrl._generic_page_set
+    ctrl.page_get_func = ctrl._generic_page_get
+    return ctrl
+
+
+def wait_for(t: float) -> None:
+    while (left := t - time.time()) > 0:
+        time.sleep(min(left, 0.05))
+
+
+def barrier(work: Path, name: str, rank: int, ranks: int) -> None:
+    """All ranks of a concurrent pattern reach `name` before any goes on (files in the shared work dir)."""
+    (work / f".{name}-{rank}").touch()
+    while sum((work / f".{name}-{r}").exists() for r in range(ranks)) < ranks:
+        time.sleep(0.01)
+
+
+def pattern(spec: dict) -> dict:
+    ops, hybrid, rank, ranks = spec["ops"], spec["hybrid"], spec.get("rank", 0), spec.get("ranks", 1)
+    work = WORK / spec["name"]
+    pages_dir = work / "pages"
+    pages_dir.mkdir(parents=True, exist_ok=True)
+    backend = store(pages_dir, rank, ranks)
+    patched = hasattr(backend, "group_commit")
+    host_pages = max(ops)
+    kv = kv_host(host_pages)
+    pools = {hs.PoolName.KV: kv}
+    if hybrid:
+        pools[hs.PoolName.INDEXER], pools[hs.PoolName.MAMBA] = qsa_host(kv), mamba_host(len(ops))
+        for name in (hs.PoolName.INDEXER, hs.PoolName.MAMBA):
+            backend.register_mem_host_pool_v2(pools[name], name)
+    gen = torch.Generator().manual_seed(rank)
+    reference = []
+    for i in range(host_pages):
+        page = kv.get_dummy_flat_data_page()
+        page.copy_(torch.randint(0, 256, page.shape, generator=gen, dtype=torch.uint8))
+        kv.set_from_flat_data_page(i * PAGE, page)
+        reference.append(page)
+    ctrl = controller(hybrid, backend, pools)
+    if spec["parent_sync"] and not patched:
+        inner = ctrl._page_backup_or_log
+
+        def backup_then_sync(operation):  # the one sync per operation the patched tree makes
+            inner(operation)
+            syncfs(pages_dir)
+
+        ctrl._page_backup_or_log = backup_then_sync
+    keys = [[f"{op:08x}{i:056x}" for i in range(n)] for op, n in enumerate(ops)]
+    operations = []
+    for op, (n, span) in enumerate(zip(ops, keys, strict=True)):
+        host = torch.arange(0, n * PAGE, dtype=torch.int64)
+        extra = None
+        if hybrid:
+            extra = [hs.PoolTransfer(name=hs.PoolName.INDEXER, indices_from_pool=hs.PoolName.KV),
+                     hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=span[-1:], host_indices=torch.tensor([op]),
+                                     hit_policy=hs.PoolHitPolicy.TRAILING_PAGES)]  # fmt: skip
+        operations.append((host, span, extra))
+    syncfs(pages_dir)
+    if ranks > 1:
+        barrier(work, "write", rank, ranks)
+    thread = threading.Thread(target=ctrl.backup_thread_func, daemon=True)
+    start = time.time()
+    for host, span, extra in operations:
+        if hybrid:
+            ctrl.write_storage(host, [], hash_value=span, extra_pools=extra)
+        else:
+            ctrl.write_storage(host, [], hash_value=span)
+    thread.start()
+    acked = [ctrl.ack_backup_queue.get(timeout=600) for _ in operations]
+    end = time.time()
+    ctrl.storage_stop_event.set()
+    thread.join()
+    written = sum(op.completed_tokens for op in acked) // PAGE
+    syncfs(pages_dir)
+    if ranks > 1:
+        barrier(work, "read", rank, ranks)  # every rank's files are written before any is dropped
+    drop_cache(pages_dir)
+    if ranks > 1:
+        barrier(work, "dropped", rank, ranks)
+    blank = torch.zeros_like(reference[0])
+    request = SimpleNamespace(request_id=0, is_terminated=lambda: False)
+    got, same, read_s = 0, True, 0.0
+    for n, span in zip(ops, keys, strict=True):
+        for i in range(0, n, CHUNK):
+            batch = span[i : i + CHUNK]
+            for j in range(len(batch)):
+                kv.set_from_flat_data_page(j * PAGE, blank)
+            host = torch.arange(0, len(batch) * PAGE, dtype=torch.int64)
+            t = time.perf_counter()
+            got += ctrl._generic_page_get(request, batch, host)
+            read_s += time.perf_counter() - t
+            same = same and all(torch.equal(kv.get_data_page(j * PAGE, flat=True), reference[i + j])
+                                for j in range(len(batch)))  # fmt: skip
+    payload = sum(ops) * kv.get_dummy_flat_data_page().numel() * kv.get_dummy_flat_data_page().element_size()
+    return {"name": spec["name"], "rank": rank, "patched": patched, "pages": sum(ops), "written_pages": written,
+            "read_pages": got, "same": same, "kv_bytes": payload,
+            "disk_bytes": sum(f.stat().st_size for f in pages_dir.iterdir()),
+            "files": sum(1 for _ in pages_dir.iterdir()),
+            "write": [start, end], "read_s": read_s}  # fmt: skip
+
+
+def startup(files: int) -> dict:
+    """The HiCacheFile constructor over `files` page files (+1% stale temporaries), size cap on."""
+    crowd = WORK / "crowd"
+    crowd.mkdir(parents=True)
+    for i in range(files):
+        open(crowd / f"{i:064x}_bench_0_1.bin", "wb").close()
+    for i in range(files // 100):
+        open(crowd / f".{i:032x}.tmp", "wb").close()
+    os.environ["SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"] = "500G"
+    t = time.perf_counter()
+    store(crowd, 0, 1)
+    seconds = time.perf_counter() - t
+    return {"name": "startup", "startup_s": seconds, "tmp_left": sum(n.endswith(".tmp") for n in os.listdir(crowd))}
+
+
+if __name__ == "__main__":
+    for item in SPEC["patterns"]:
+        print(json.dumps(pattern({**item, "parent_sync": SPEC["parent_sync"]})), flush=True)
+    if SPEC.get("startup_files"):
+        print(json.dumps(startup(SPEC["startup_files"])), flush=True)
