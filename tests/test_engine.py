@@ -6,7 +6,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from qwen_hicache.engine import cache_metrics, generate
+from qwen_hicache.engine import WRITE_SECONDS, WRITTEN_BYTES, cache_metrics, generate, write_rate
 
 METRICS = """# HELP sglang:cached_tokens_total x
 sglang:cached_tokens_total{model_name="m",cache_source="storage"} 4032.0
@@ -51,3 +51,30 @@ def test_an_unreachable_pod_is_an_error_not_an_exception() -> None:
     res = generate("127.0.0.1", 1, "x", timeout=2)
     assert res.storage_tokens is None and res.error
     assert cache_metrics("127.0.0.1", 1, timeout=2) == {}
+
+
+def _rank(name: str, rank: int, value: float) -> str:
+    """One series as the runtime's StorageMetricsCollector labels it (tests/observability checks the names)."""
+    labels = (f'storage_backend="file",tp_rank="{rank}",dp_rank="0",pp_rank="0",pp_size="1",attn_cp_rank="0",'
+              'attn_cp_size="1"')
+    return f"sglang:hicache_storage_{name}{{{labels}}} {value}"
+
+
+def test_the_disk_write_rate_is_the_pods_every_rank_bytes_over_the_longest_ranks_commit_time() -> None:
+    """Unlike the token counters (rank 0 stands for all), each rank writes its own shard to the pod's volume."""
+    text = "\n".join([_rank("written_bytes_total", 0, 2.0e9), _rank("written_bytes_total", 1, 2.0e9),
+                      _rank("write_seconds_total", 0, 8.0), _rank("write_seconds_total", 1, 10.0)])  # fmt: skip
+
+    class Metrics(_Runtime):
+        def do_GET(self) -> None:  # noqa: N802
+            self._send(text.encode())
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        m = cache_metrics("127.0.0.1", server.server_port)
+    finally:
+        server.shutdown()
+    assert (m[WRITTEN_BYTES], m[WRITE_SECONDS]) == (4.0e9, 10.0)
+    assert write_rate(m) == (4_000_000_000, 10.0)
+    assert write_rate({}) is None and write_rate({WRITTEN_BYTES: 0.0, WRITE_SECONDS: 0.0}) is None

@@ -96,3 +96,29 @@ def test_a_groups_flags_are_the_operators_under_any_spelling() -> None:
     assert problems[0].reason == "ManagedFlagInExtraArgs"
     for flag in ("--dist-init-addr", "--nnodes", "--node-rank"):
         assert flag in problems[0].message
+
+
+def test_a_disk_slower_than_budgeted_warns_and_budgets_the_flush_with_the_measured_rate() -> None:
+    doc = example()
+    spec_rate = derived(doc)
+    slow = derive_with(doc, measured=100 << 20)  # 100 MiB/s measured vs the example's writeBytesPerSecond
+    assert slow.measured_write_rate == 100 << 20 < slow.write_rate
+    assert slow.layout.drain.flush_seconds > spec_rate.layout.drain.flush_seconds
+    assert slow.layout.drain.grace_seconds > spec_rate.layout.drain.grace_seconds
+    p = plan(offline_meta(doc), doc["spec"], measured_write_rate=100 << 20)
+    warn = [x for x in p.problems if x.reason == "DiskSlowerThanBudgeted"]
+    assert warn and not warn[0].blocking and warn[0].condition == "DiskWriteRate" and "100 MiB/s" in warn[0].message
+    assert p.cache.measured_write_bytes_per_second == 100 << 20
+    assert p.cache.flush_seconds == slow.layout.drain.flush_seconds
+    fast = plan(offline_meta(doc), doc["spec"], measured_write_rate=10 * spec_rate.write_rate)
+    assert not [x for x in fast.problems if x.reason == "DiskSlowerThanBudgeted"]
+    assert fast.cache.flush_seconds == spec_rate.layout.drain.flush_seconds  # never shorter than the spec's
+
+
+def derive_with(doc: dict, measured: int) -> object:
+    from qwen_hicache.derive import derive
+    from qwen_hicache.geometry import resolve_geometry
+    from qwen_hicache.plan import parse_spec
+
+    spec = parse_spec(doc["spec"])
+    return derive(spec, resolve_geometry(spec.model), measured_write_rate=measured)

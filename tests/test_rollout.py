@@ -11,9 +11,11 @@ from qwen_hicache.rollout import (
     baseline_read,
     canary_prompt,
     canary_sent,
+    canary_warmth,
     deleted,
     is_active,
     may_take_down,
+    measured_write_rate,
     plan_rollout,
     target_of,
     verified,
@@ -22,7 +24,7 @@ from qwen_hicache.status_model import Restart
 from resources import example, variant
 
 OLD, NEW = "h0/", "h0/r1"
-POLICY = Policy(max_unavailable=1, timeout_seconds=600, require_warm=True)
+POLICY = Policy(max_unavailable=1, timeout_seconds=600, require_warm=True, page_size=64)
 T = [f"2026-01-01T00:00:{i:02d}Z" for i in range(60)]
 
 
@@ -71,7 +73,8 @@ def test_one_pod_at_a_time_canary_delete_wait_verify() -> None:
     assert [(a.kind, a.pod) for a in actions] == [("verify", "s-2")]
     rs = verified(rs, "s-2", 4032, None, POLICY, T[5])
     assert rs.done == ["s-2"] and rs.results[0].wire() == {
-        "pod": "s-2", "warm": True, "storageTokens": 4032, "timeToReadySeconds": 4, "metricStorageBaseline": 0}
+        "pod": "s-2", "warm": True, "warmth": "Warm", "canaryHitShare": 1.0, "storageTokens": 4032,
+        "timeToReadySeconds": 4, "metricStorageBaseline": 0}
     rs, actions = plan_rollout(rs, back, NEW, 3, POLICY, T[6])
     assert [(a.kind, a.pod) for a in actions] == [("canary", "s-1")]
 
@@ -337,3 +340,44 @@ def test_a_warm_check_failed_pause_keeps_asking_and_resumes_when_the_pod_answers
     assert [a.kind for a in actions] == ["verify"]  # still asked while paused
     rs = verified(rs, "s-1", 4032, None, short, T[11], counters(4032))
     assert rs.phase == "Rolling" and rs.reason is None and rs.done == ["s-1"]
+
+
+def _restarted(storage: int, written: tuple[int, float] | None = None) -> Restart:
+    """s-1 replaced (its canary 4096 tokens), its successor answering the replay with `storage` disk tokens."""
+    rs, _ = plan_rollout(Restart(id=OLD, phase="Complete"), pods(n=2), NEW, 2, POLICY, T[0])
+    rs = deleted(canary_sent(rs, "s-1", 4096, None, written), "s-1", T[1])
+    back = pods(n=1) + [PodView("s-1", 1, "uid-1b", True, "127.0.0.11", NEW)]
+    rs = until_verify(rs, back, T[3], 2)
+    return verified(rs, "s-1", storage, None, POLICY, T[3], counters(storage))
+
+
+def test_a_partly_restored_canary_is_reported_partial_not_warm_and_the_rollout_goes_on() -> None:
+    """4096 tokens: 63 full pages are cacheable (the last token is always computed); 2048 restored is half."""
+    result = _restarted(2048).results[0]
+    assert (result.warm, result.warmth, result.canary_hit_share) == (False, "Partial", round(2048 / 4032, 4))
+    partial = _restarted(2048)  # not cold: the pod serves and the rollout goes on; CacheWarm says PartlyWarm
+    assert partial.phase == "Rolling" and partial.reason is None and partial.done == ["s-1"]
+    full = _restarted(4032).results[0]
+    assert (full.warm, full.warmth, full.canary_hit_share) == (True, "Warm", 1.0)
+    cold = _restarted(0)
+    assert (cold.results[0].warmth, cold.results[0].canary_hit_share, cold.reason) == ("Cold", 0.0, "ColdStart")
+
+
+def test_canary_warmth_without_the_length_or_page_size_is_any_hit() -> None:
+    assert canary_warmth(64, None, 64) == (None, "Warm") and canary_warmth(64, 4096, 0) == (None, "Warm")
+    assert canary_warmth(0, None, 64) == (None, "Cold")
+    assert canary_warmth(64, 65, 64) == (1.0, "Warm") and canary_warmth(64, 64, 64) == (None, "Warm")
+
+
+def test_the_replaced_pods_write_rate_is_recorded_and_the_slowest_measured_one_budgets() -> None:
+    gib = 1 << 30
+    rs = _restarted(4032, (3 * gib, 12.5))
+    result = rs.results[0]
+    assert (result.disk_written_bytes, result.disk_write_bytes_per_second) == (3 * gib, int(3 * gib / 12.5))
+    assert measured_write_rate(rs, None) == 250_000_000  # 257,698,037 B/s, two significant figures
+    small = _restarted(4032, (gib // 2, 10.0))  # half a GiB: mostly sync latency, not counted
+    assert measured_write_rate(small, 400_000_000) == 400_000_000 and measured_write_rate(small, None) is None
+    assert measured_write_rate(_restarted(4032), 7) == 7 and measured_write_rate(None, None) is None
+    faster = result.model_copy(update={"disk_write_bytes_per_second": 9 * 10**8})
+    both = rs.model_copy(update={"results": [result, faster]})
+    assert measured_write_rate(both, None) == 250_000_000

@@ -134,3 +134,15 @@ def test_refused_new_resource_describes_nothing() -> None:
     refused = variant(**{"spec.hicache.hostMemoryPerRank": "100000Ti"})
     s = build_status(plan(offline_meta(refused), refused["spec"]), Observed(), None, 1, T0).wire()
     assert not {"launch", "sizing", "cache"} & set(s) and _cond(s, "Ready")["status"] == "False"
+
+
+def test_a_partly_warm_restart_sets_cache_warm_false_with_the_hit_share() -> None:
+    rs = {"id": "h/1", "phase": "Complete", "pending": [], "done": ["flash-next-1", "flash-next-0"], "inFlight": [],
+          "results": [{"pod": "flash-next-1", "warm": True, "warmth": "Warm", "canaryHitShare": 1.0,
+                       "storageTokens": 4032},
+                      {"pod": "flash-next-0", "warm": False, "warmth": "Partial", "canaryHitShare": 0.25,
+                       "storageTokens": 1008}]}  # fmt: skip
+    s = _status(example(), ready=2, restart=rs)
+    warm = _cond(s, "CacheWarm")
+    assert (warm["status"], warm["reason"]) == ("False", "PartlyWarm")
+    assert "flash-next-0 25%" in warm["message"] and "1 of 2" in warm["message"]

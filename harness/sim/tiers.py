@@ -296,6 +296,9 @@ class DiskTier:
         out |= {f"hicache_storage_read_errors_total/{k}": v for k, v in getattr(store, "read_errors", {}).items()}
         if hasattr(store, "evicted_pages"):
             out["hicache_storage_evicted_pages_total"] = store.evicted_pages
+        if hasattr(store, "written_bytes"):  # the commits' bytes and wall time: the tier's write rate
+            out["hicache_storage_written_bytes_total"] = store.written_bytes
+            out["hicache_storage_write_seconds_total"] = store.write_seconds
         return out
 
     # -- reads --------------------------------------------------------------------------------

@@ -42,6 +42,10 @@ class Derived:
     config_hash: str
     target: str
     policy: rollout.Policy
+    write_rate: int = 0
+    """hicache.disk.writeBytesPerSecond, bytes."""
+    measured_write_rate: int | None = None
+    """The disk tier's write rate as the last rollout's replaced pods measured it (status.cache), if known."""
 
     @property
     def args(self) -> list[str]:
@@ -80,22 +84,29 @@ def gpu_fit(spec: QwenHiCacheServerSpec, node_gpus: int | None) -> tuple[str, ..
             "nodes with more GPUs",)
 
 
+def budget_rate(spec_rate: int, measured: int | None) -> int:
+    """The write rate the flush budget assumes: hicache.disk.writeBytesPerSecond, or the rate the replaced pods'
+    disk tiers measured when that is lower (a stop must not lose queued writes to a budget the disk misses)."""
+    return min(spec_rate, measured) if measured else spec_rate
+
+
 def derive(spec: QwenHiCacheServerSpec, geometry: Geometry, node_bytes: int | None = None,
-           node_gpus: int | None = None) -> Derived:  # fmt: skip
+           node_gpus: int | None = None, measured_write_rate: int | None = None) -> Derived:  # fmt: skip
     """Every derived fact of a spec whose geometry resolved. Raises SizingError (or an ArithmeticError for
     absurd numbers) when it cannot be sized; the caller turns that into a condition."""
     sized = compute_sizing(spec, geometry)
     sizing = sized.launch_sizing()
     rate = to_bytes(spec.hicache.disk.write_bytes_per_second, "hicache.disk.writeBytesPerSecond")
     inputs = fingerprint.fingerprint_inputs(spec, geometry)
+    budget = budget_rate(rate, measured_write_rate)
     layout = CacheLayout(fingerprint.fingerprint_of(inputs), inputs,
-                         podlifecycle.drain_plan(spec, sizing.host_bytes_per_rank, rate))
+                         podlifecycle.drain_plan(spec, sizing.host_bytes_per_rank, budget))
     config_hash = rollout.config_hash(spec)
     disk = spec.hicache.disk.enabled
     ro = spec.rollout
     # Without a disk tier nothing can come back warm, so none is required (the check still runs and records).
     policy = rollout.Policy(ro.max_unavailable, ro.pod_timeout_seconds, ro.require_warm_start and disk,
-                            layout.fingerprint if disk else "")
+                            layout.fingerprint if disk else "", spec.runtime.page_size)
     return Derived(
         spec=spec,
         geometry=geometry,
@@ -107,4 +118,6 @@ def derive(spec: QwenHiCacheServerSpec, geometry: Geometry, node_bytes: int | No
         config_hash=config_hash,
         target=rollout.target(config_hash, spec.restart),
         policy=policy,
+        write_rate=rate,
+        measured_write_rate=measured_write_rate,
     )

@@ -50,7 +50,8 @@ def run_rollout(kube: KubeClient, live: Live, meta: Obj, old: Restart | None, p:
     for act in actions:
         if act.kind == "canary":
             res = engine.generate(act.ip, port, prompt) if act.ip else engine.CanaryResult(None, None, "no pod IP")
-            rs = rollout.canary_sent(rs, act.pod, res.prompt_tokens, res.error)
+            written = engine.write_rate(engine.cache_metrics(act.ip, port)) if act.ip else None
+            rs = rollout.canary_sent(rs, act.pod, res.prompt_tokens, res.error, written)
         elif act.kind == "delete":
             if router.ready_to_delete(kube, live, meta, p.spec, rs, act.pod, router_pods) and (
                     taken := workload.release(kube, live, meta, p, rs, act)) is not None:

@@ -53,8 +53,9 @@ ROLLOUT_SECONDS = Histogram(
 )
 POD_RESTARTS = Counter(
     "qwen_hicache_pod_restarts_total",
-    "Pods restarted by a rollout and checked with the canary, by result: warm (served from disk), cold "
-    "(no disk hit on the same cache namespace) or new_namespace (a configuration change: cold by design).",
+    "Pods restarted by a rollout and checked with the canary, by result: warm (served from disk), partial "
+    "(some of the canary's pages from disk, not all), cold (no disk hit on the same cache namespace) or "
+    "new_namespace (a configuration change: cold by design).",
     ["namespace", "server", "result"],
 )
 POD_READY_SECONDS = Histogram(
@@ -103,7 +104,7 @@ def observe_rollout(namespace: str, server: str, duration_seconds: float, outcom
 
 def observe_pod_restart(namespace: str, server: str, result: str, ready_seconds: float | None,
                         restored_tokens: int) -> None:  # fmt: skip
-    """A restarted pod was checked: `result` is "warm", "cold" or "new_namespace"."""
+    """A restarted pod was checked: `result` is "warm", "partial", "cold" or "new_namespace"."""
     POD_RESTARTS.labels(namespace, server, result).inc()
     if ready_seconds is not None:
         POD_READY_SECONDS.labels(namespace, server).observe(max(ready_seconds, 0.0))
@@ -116,7 +117,7 @@ def _precreate(namespace: str, server: str) -> None:
     A series that appears already at 1 has no `increase()` in Prometheus, so the first cold restart
     would never alert; creating them when a rollout starts (minutes before any pod result) avoids it.
     """
-    for result in ("warm", "cold", "new_namespace"):
+    for result in ("warm", "partial", "cold", "new_namespace"):
         POD_RESTARTS.labels(namespace, server, result)
     for outcome in ("complete", "paused"):
         ROLLOUTS.labels(namespace, server, outcome)
@@ -147,12 +148,18 @@ def observe_restart_status(namespace: str, server: str, old: Restart | None, new
     same = old is not None and old.id == new.id
     seen = len(old.results) if same else 0
     for r in new.results[seen:]:
-        result = "new_namespace" if r.new_cache_namespace else ("warm" if r.warm else "cold")
+        result = "new_namespace" if r.new_cache_namespace else _warmth_label(r)
         observe_pod_restart(namespace, server, result, r.time_to_ready_seconds, r.storage_tokens)
     phase, was = new.phase, old.phase if same else None
     if phase != was and phase in ("Complete", "Paused") and (new.results or new.done):
         observe_rollout(namespace, server, _seconds(new.started, new.finished or now), phase.lower())
     set_rollout_phase(namespace, server, phase)
+
+
+def _warmth_label(r) -> str:
+    if r.warmth == "Partial":
+        return "partial"
+    return "warm" if r.warm else "cold"
 
 
 def forget_server(namespace: str, server: str) -> None:

@@ -94,12 +94,15 @@ def _sizing_problem(message: str) -> policies.Problem:
     return policies.Problem("SizingInvalid", message, condition="SizingValid")
 
 
-def plan(meta: Obj, raw_spec: Obj, node_allocatable_bytes: int | None = None, node_gpus: int | None = None) -> Plan:
+def plan(meta: Obj, raw_spec: Obj, node_allocatable_bytes: int | None = None, node_gpus: int | None = None,
+         measured_write_rate: int | None = None) -> Plan:
     """Everything the operator derives from one resource. Invalid input yields problems, not objects.
 
     `node_allocatable_bytes`: the smallest allocatable memory among the nodes the pods may land on, when the
     operator could read them (checked together with the spec's `runtime.nodeMemory` hint); `node_gpus`: the most
-    allocatable GPUs any of those nodes has (a multi-node server's pods must each fit one)."""
+    allocatable GPUs any of those nodes has (a multi-node server's pods must each fit one);
+    `measured_write_rate`: the disk tier's write rate the last rollout measured (status.cache), bytes/s: the
+    flush budget assumes it when it is below hicache.disk.writeBytesPerSecond."""
     try:
         spec = parse_spec(raw_spec)
     except ValidationError as err:
@@ -107,14 +110,14 @@ def plan(meta: Obj, raw_spec: Obj, node_allocatable_bytes: int | None = None, no
     if message := name_problem(str(meta.get("name", ""))):
         return Plan(spec, problems=[policies.Problem("InvalidName", message)])
     try:
-        return _plan_valid(meta, spec, node_allocatable_bytes, node_gpus)
+        return _plan_valid(meta, spec, node_allocatable_bytes, node_gpus, measured_write_rate)
     except Exception as err:  # noqa: BLE001 - no input may crash the operator: report it as a condition instead
         return Plan(spec, problems=[policies.Problem(
             "PlanFailed", f"the operator cannot evaluate this spec ({type(err).__name__}: {err}); please report it")])
 
 
 def _plan_valid(meta: Obj, spec: QwenHiCacheServerSpec, node_allocatable_bytes: int | None,
-                node_gpus: int | None) -> Plan:  # fmt: skip
+                node_gpus: int | None, measured_write_rate: int | None = None) -> Plan:  # fmt: skip
     try:
         geometry = resolve_geometry(spec.model)
     except GeometryError as err:
@@ -122,7 +125,7 @@ def _plan_valid(meta: Obj, spec: QwenHiCacheServerSpec, node_allocatable_bytes: 
     if early := policies.geometry_problems(spec, geometry):
         return Plan(spec, problems=early)
     try:
-        d = derive(spec, geometry, node_allocatable_bytes, node_gpus)
+        d = derive(spec, geometry, node_allocatable_bytes, node_gpus, measured_write_rate)
     except (SizingError, GeometryError) as err:
         return Plan(spec, problems=[_sizing_problem(str(err))])
     except (ArithmeticError, ValueError) as err:  # e.g. an extreme size that overflows a float
@@ -140,4 +143,5 @@ def cache_status(d: Derived) -> sm.Cache:
     return sm.Cache(fingerprint=layout.fingerprint, directory=launch.cache_dir(layout.fingerprint),
                     inputs=sm.FingerprintInputs.model_validate(layout.inputs),
                     drain_seconds=layout.drain.drain_seconds, flush_seconds=layout.drain.flush_seconds,
-                    termination_grace_period_seconds=layout.drain.grace_seconds)
+                    termination_grace_period_seconds=layout.drain.grace_seconds,
+                    measured_write_bytes_per_second=d.measured_write_rate)

@@ -141,8 +141,25 @@ def image_not_pinned(d: Derived) -> Problem | None:
     )
 
 
+def disk_slower_than_budgeted(d: Derived) -> Problem | None:
+    """The replaced pods' disk tiers wrote slower than hicache.disk.writeBytesPerSecond: the stop budget now
+    assumes the measured rate (a longer grace period), and the spec's figure is wrong."""
+    if not (d.spec.hicache.disk.enabled and d.measured_write_rate and d.measured_write_rate < d.write_rate):
+        return None
+    return Problem(
+        "DiskSlowerThanBudgeted",
+        f"the disk tier wrote at {d.measured_write_rate / 2**20:.0f} MiB/s on the pods the last rollout replaced, "
+        f"below hicache.disk.writeBytesPerSecond ({d.write_rate / 2**20:.0f} MiB/s): the flush budget now assumes "
+        f"the measured rate (flush {d.layout.drain.flush_seconds} s, grace {d.layout.drain.grace_seconds} s, for "
+        "pods started from now on); set writeBytesPerSecond to what the disk sustains or use a faster volume",
+        blocking=False,
+        condition="DiskWriteRate",
+    )
+
+
 CHECKS: tuple[Check, ...] = (managed_flag_override, unknown_runtime_flag, managed_env_override, duplicate_env,
-                             write_back_not_persistent, speculative_rewritten, image_not_pinned)
+                             write_back_not_persistent, speculative_rewritten, image_not_pinned,
+                             disk_slower_than_budgeted)
 
 
 def _valid_tp_sizes(kv_heads: int) -> list[int]:

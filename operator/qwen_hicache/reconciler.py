@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from . import execute, gather, metrics, router
+from . import execute, gather, metrics, rollout, router
 from . import status_model as sm
 from .apply import apply_if_drifted
 from .conditions import Condition, transitions
@@ -131,7 +131,9 @@ def _what_runs(kube: KubeClient, meta: Obj, old: sm.QwenHiCacheServerStatus, wor
 def _reconcile_locked(kube: KubeClient, body: Obj, post_event: EventSink, now: str) -> Outcome:
     meta, stored = body["metadata"], body.get("status") or {}
     old = sm.read_status(stored)
-    p = plan(meta, body.get("spec") or {}, *gather.node_capacity(kube, body.get("spec") or {}))
+    measured = rollout.measured_write_rate(old.restart, old.cache and old.cache.measured_write_bytes_per_second)
+    p = plan(meta, body.get("spec") or {}, *gather.node_capacity(kube, body.get("spec") or {}),
+             measured_write_rate=measured)
     workload = manager_for(p, meta["name"], old.restart)
     outcome = Outcome()
     obs = Observed()

@@ -116,6 +116,9 @@ class Policy:
     require_warm: bool
     fingerprint: str = ""
     """The cache namespace new pods use: a pod that changes namespace cannot come back warm, by design."""
+    page_size: int = 0
+    """Tokens per KV page (0: unknown): a warm canary restores every full page but the one token the runtime
+    always computes, so a hit below that is only partly warm."""
 
 
 STORAGE_COUNTER = "sglang:cached_tokens_total{storage}"
@@ -367,11 +370,15 @@ def _entry(rs: Restart, pod: str) -> RestartEntry:
     return next(e for e in rs.in_flight if e.pod == pod)
 
 
-def canary_sent(rs: Restart, pod: str, tokens: int | None, error: str | None) -> Restart:
-    """Canary done (or impossible): the pod may be deleted next. Recorded so the result can be explained."""
+def canary_sent(rs: Restart, pod: str, tokens: int | None, error: str | None,
+                written: tuple[int, float] | None = None) -> Restart:
+    """Canary done (or impossible): the pod may be deleted next. Recorded so the result can be explained.
+    `written`: (bytes, seconds) the pod's disk tier has written so far (engine.write_rate), if exported."""
     rs = rs.model_copy(deep=True)
     entry = _entry(rs, pod)
     entry.step, entry.canary_tokens = "Delete", tokens or 0
+    if written:
+        entry.disk_written_bytes, entry.disk_write_seconds = written[0], round(written[1], 3)
     if error:
         entry.canary_error = error
     return rs
@@ -417,18 +424,21 @@ def verified(rs: Restart, pod: str, storage_tokens: int | None, error: str | Non
     if rs.phase == "Paused":
         _resume(rs)  # WarmCheckFailed: it answers now
     since = int(counter - baseline) if counter is not None and baseline is not None else 0
-    warm = storage_tokens > 0 or since > 0
+    share, warmth = canary_warmth(max(storage_tokens, since), entry.canary_tokens, policy.page_size)
+    warm = warmth == "Warm"
     expect_warm = entry.same_cache is not False
     evidence = _evidence(metrics)
     rs.results.append(RestartResult(
-        pod=pod, warm=warm, storage_tokens=storage_tokens,
+        pod=pod, warm=warm, warmth=warmth, canary_hit_share=share, storage_tokens=storage_tokens,
         time_to_ready_seconds=int(_seconds(entry.deleted_at, entry.ready_at)),
         new_cache_namespace=None if expect_warm else True,
         metric_storage_cached_tokens=evidence.get("metricStorageCachedTokens"),
         metric_prefetched_tokens=evidence.get("metricPrefetchedTokens"),
         metric_storage_baseline=baseline,
+        disk_write_bytes_per_second=_rate(entry),
+        disk_written_bytes=entry.disk_written_bytes,
     ))
-    if not warm and expect_warm and policy.require_warm:
+    if warmth == "Cold" and expect_warm and policy.require_warm:
         return _pause(rs, "ColdStart", f"pod {pod} came back without a disk-cache hit for the canary (storage=0 "
                                        "tokens, storage counter unchanged); nothing else is restarted. Check its "
                                        "cache volume, then set spec.restart to a new value to go on (or set "
@@ -437,6 +447,47 @@ def verified(rs: Restart, pod: str, storage_tokens: int | None, error: str | Non
     rs.done.append(pod)
     _finish_if_done(rs, now)
     return rs
+
+
+def canary_warmth(restored: int, canary_tokens: int | None, page_size: int) -> tuple[float | None, str]:
+    """(hit share, Warm | Partial | Cold) of a replayed canary that restored `restored` tokens from disk.
+
+    The share is of what a warm pod restores: every full page of the prompt but the last token, which the
+    runtime always computes (`(tokens - 1) // page_size` pages). Unknown (None) without the canary's length or
+    the page size; then any restored token counts as warm, as before. Partial: the pod restored some pages of
+    the canary but not all (queued writes lost at the stop, pages evicted or unreadable)."""
+    if restored <= 0:
+        return (0.0 if canary_tokens else None), "Cold"
+    if not canary_tokens or page_size <= 0:
+        return None, "Warm"
+    cacheable = (canary_tokens - 1) // page_size * page_size
+    if cacheable <= 0:
+        return None, "Warm"
+    share = round(min(restored / cacheable, 1.0), 4)
+    return share, ("Warm" if share >= 1.0 else "Partial")
+
+
+MEASURE_MIN_BYTES = 1 << 30
+"""A write rate counts from 1 GiB written: below, a few small commits are mostly sync latency."""
+
+
+def _rate(entry: RestartEntry) -> int | None:
+    if not entry.disk_written_bytes or not entry.disk_write_seconds:
+        return None
+    return int(entry.disk_written_bytes / entry.disk_write_seconds)
+
+
+def measured_write_rate(restart: Restart | None, previous: int | None) -> int | None:
+    """The disk tier's write rate for the next budget: the slowest replaced pod of the last rollout that wrote at
+    least MEASURE_MIN_BYTES (two significant figures, so the budget moves only with a real change); else
+    `previous` (status.cache's)."""
+    rates = [r.disk_write_bytes_per_second for r in (restart.results if restart else [])
+             if r.disk_write_bytes_per_second and (r.disk_written_bytes or 0) >= MEASURE_MIN_BYTES]
+    if not rates:
+        return previous
+    slowest = min(rates)
+    digits = max(len(str(slowest)) - 2, 0)
+    return slowest // 10**digits * 10**digits
 
 
 def _evidence(metrics: dict[str, float]) -> dict[str, int]:

@@ -41,7 +41,11 @@ def _persistence(plan: Plan) -> list[Condition]:
     return [condition("CachePersistent", "True", "WriteThrough", "pages are written through to the disk tier")]
 
 
-ADVISORY_CONDITIONS = {"ImagePinned": ("Digest", "runtime.image is pinned by digest")}
+ADVISORY_CONDITIONS = {
+    "ImagePinned": ("Digest", "runtime.image is pinned by digest"),
+    "DiskWriteRate": ("AsBudgeted", "the disk tier's measured write rate is not below "
+                                    "hicache.disk.writeBytesPerSecond (or not measured yet)"),
+}
 """Conditions set False by a non-blocking policy problem (a Warning event), True otherwise."""
 
 
@@ -68,6 +72,13 @@ def _warmth(restart: sm.Restart | None) -> list[Condition]:
     if not results:
         return [condition("CacheWarm", "Unknown", "NotVerified", "no restart on an existing cache verified yet")]
     tokens = sum(r.storage_tokens for r in results)
+    if partial := [r for r in results if r.warmth == "Partial"]:
+        shares = ", ".join(f"{r.pod} {r.canary_hit_share:.0%}" for r in partial)
+        return [condition("CacheWarm", "False", "PartlyWarm",
+                          f"{len(partial)} of {len(results)} restarted pod(s) restored only part of the canary from "
+                          f"disk ({shares} of its pages): writes queued at the stop were lost or pages were "
+                          "evicted; compare status.cache's measured write rate with hicache.disk.writeBytesPerSecond "
+                          "(see docs/runbooks.md)")]
     return [condition("CacheWarm", "True", "WarmStart",
                       f"{len(results)} restarted pod(s) served the canary from disk ({tokens} tokens restored)")]
 
@@ -242,6 +253,8 @@ def replica_cache(usage: tuple[tuple[str, DiskUsage | None], ...], restart: sm.R
     parts = [f"disk {max(ratios):.0%}" if ratios else "disk ?"]
     if results := _verified(restart):
         parts.append(f"{sum(1 for r in results if r.warm)}/{len(results)} warm")
+        if partial := sum(1 for r in results if r.warmth == "Partial"):
+            parts.append(f"{partial} partly warm")
     if ages:
         parts.append(f"ns {min(ages, key=lambda a: (a[-1] == 'd', int(a[:-1])))}")
     return entries, " | ".join(parts)

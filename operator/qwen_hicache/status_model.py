@@ -174,6 +174,10 @@ class Cache(ApiModel):
     flush_seconds: int | None = None
     """Time budgeted to flush the host tier to disk before stopping."""
     termination_grace_period_seconds: int | None = None
+    measured_write_bytes_per_second: int | None = None
+    """The disk tier's write rate as measured by the runtime (patch 0006's written bytes over its commits' wall
+    time, all ranks) on the pods the last rollout replaced, the slowest of them; absent until measured. Below
+    hicache.disk.writeBytesPerSecond it is what flushSeconds and the grace period are budgeted with."""
     previous_fingerprints: list[str] | None = None
     """Earlier cache namespaces still kept on the volumes, newest first."""
 
@@ -190,6 +194,10 @@ class RestartEntry(Record):
     """Whether the successor reads the same cache namespace (else it cannot come back warm)."""
     canary_tokens: int | None = None
     canary_error: str | None = None
+    disk_written_bytes: int | None = None
+    """What the replaced pod's disk tier had written (all ranks) when its canary was sent."""
+    disk_write_seconds: float | None = None
+    """The wall time its commits took (first write to the end of the sync; the longest rank)."""
     deleted_at: str | None = None
     ready_at: str | None = None
     ready_uid: str | None = None
@@ -202,12 +210,20 @@ class RestartEntry(Record):
     """The last warm-check attempt's failure (retried until podTimeoutSeconds)."""
 
 
+WARMTHS = ("Warm", "Partial", "Cold")
+Warmth = Annotated[Literal["Warm", "Partial", "Cold"], _open_string(WARMTHS, "How warm the canary came back")]
+
+
 class RestartResult(Record):
     """One pod's warm-start check."""
 
     pod: str
     warm: bool
-    """The replayed canary was served from the disk tier."""
+    """The replayed canary was served from the disk tier, all of it (see warmth)."""
+    warmth: Warmth | None = None
+    """Warm: every cacheable page of the canary came from disk; Partial: some of them; Cold: none."""
+    canary_hit_share: float | None = None
+    """Tokens restored from disk / the canary's cacheable tokens (all full pages but the last token)."""
     storage_tokens: int
     """Canary tokens served from disk (`cached_tokens_details.storage`)."""
     time_to_ready_seconds: int | None = None
@@ -219,6 +235,10 @@ class RestartResult(Record):
     """The runtime's `sglang:prefetched_tokens_total` after the replay."""
     metric_storage_baseline: int | None = None
     """The storage counter before the canary (the warm check compares against it)."""
+    disk_write_bytes_per_second: int | None = None
+    """The replaced pod's disk tier write rate over its life (diskWrittenBytes / its commits' wall time)."""
+    disk_written_bytes: int | None = None
+    """Bytes that rate is measured on (a small basis is all syncs: it counts only from MEASURE_MIN_BYTES)."""
 
 
 class Restart(Record):

@@ -93,3 +93,15 @@ def test_the_check_catches_an_unknown_metric() -> None:
     assert _wheel_labels("sglang:cached_tokens_total") >= {"cache_source", "model_name"}
     assert _wheel_labels("sglang:hicache_storage_used_bytes") is None  # the runtime has no such metric
     assert "tp_rank" not in _wheel_labels("sglang:cached_tokens_total")
+
+
+def test_the_runtime_series_the_operators_engine_client_reads_are_the_wheels() -> None:
+    """engine.cache_metrics keys (`name{source}`) name series of the pinned, patched wheel; the disk write counters
+    are per TP rank (the client sums the ranks' bytes and takes the longest rank's seconds)."""
+    from qwen_hicache import engine, rollout
+
+    for key in (rollout.STORAGE_COUNTER, engine.WRITTEN_BYTES, engine.WRITE_SECONDS):
+        assert _wheel_labels(key.split("{")[0]) is not None, key
+    for key in (engine.WRITTEN_BYTES, engine.WRITE_SECONDS):
+        assert "tp_rank" in _wheel_labels(key.split("{")[0])
+    assert "cache_source" in _wheel_labels(rollout.STORAGE_COUNTER.split("{")[0])

@@ -76,7 +76,7 @@ def test_the_cache_shares_and_restarts_are_what_happened(stand: Stand) -> None:
         'sum(increase(sglang:prompt_tokens_total[5m]))')}
     assert set(share) == {"device", "host", "storage"} and all(0 < v < 1 for v in share.values()), share
     restarts = {r["metric"]["result"]: float(r["value"][1]) for r in stand.query("qwen_hicache_pod_restarts_total")}
-    assert restarts == {"warm": 1.0, "cold": 1.0, "new_namespace": 0.0}
+    assert restarts == {"warm": 1.0, "partial": 0.0, "cold": 1.0, "new_namespace": 0.0}
     ratio = {r["metric"]["pod"]: float(r["value"][1]) for r in stand.query('qwen_hicache:disk_used_ratio{tp_rank="0"}')}
     assert 0 < ratio["qwen-0"] < 1 and 0 < ratio["qwen-1"] <= 1.0, ratio  # the small cap is enforced by the runtime
 
