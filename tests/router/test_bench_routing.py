@@ -18,3 +18,4 @@ def test_routing_benchmark_smoke() -> None:
     out = subprocess.run([sys.executable, str(BENCH), "--smoke"], capture_output=True, text=True, timeout=540)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "router prefix_hash (chosen)" in out.stdout and "chosen / plain Service" in out.stdout
+    assert "oracle (perfect affinity)" in out.stdout and "in flight 4: chosen / oracle" in out.stdout
