@@ -11,6 +11,12 @@ operator speaks as `kopf/...` (watches, finalizers, annotations, events) and `Op
 (its reconcile client); this script sets its own User-Agent so its polling is excluded.
 
     python bench/reconcile.py [--resources 200] [--namespaces 4] [--resync 10] [--compare 20] [--baseline DIR]
+                              [--nodes-per-replica 2]
+
+`--nodes-per-replica K` (K > 1) makes every resource a multi-node server (`nodesPerReplica: K`, one
+LeaderWorkerSet group of K pods per replica): the real LWS controller runs, and a resource has converged once
+its LWS exists and every claim of every group (K per replica, made by LWS's StatefulSets) carries the
+fingerprint. Run it beside the default (one node) for the multi-node row.
 
 `--baseline DIR` runs the same N first with the operator of another checkout (e.g. `git worktree add --detach
 DIR <commit>`), on a fresh control plane of its own, and prints it beside this checkout's with the ratio.
@@ -50,12 +56,14 @@ BENCH_AGENT = "qwen-hicache-bench/1"
 MANAGED = "app.kubernetes.io/managed-by=qwen-hicache-operator"
 FINGERPRINT = "qwenhicache.io/fingerprint"
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+LWS = ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")
 
 
-def open_cluster() -> tuple[DevCluster, str]:
-    """A real control plane logging every request to the API server's audit log."""
+def open_cluster(lws: bool = False) -> tuple[DevCluster, str]:
+    """A real control plane logging every request to the API server's audit log (with the LeaderWorkerSet
+    controller when `lws`: multi-node servers)."""
     quiet = lambda msg: None  # noqa: E731 - DevCluster's chatter would break the table
-    return DevCluster(request_log=True, lws=False, log=quiet), "kube-apiserver audit log, DevCluster(request_log=True)"
+    return DevCluster(request_log=True, lws=lws, log=quiet), "kube-apiserver audit log, DevCluster(request_log=True)"
 
 
 @dataclass(frozen=True)
@@ -97,9 +105,13 @@ def bench_client(kubeconfig: Path, pool: int) -> client.ApiClient:
     return api
 
 
-def resources(count: int, namespaces: int) -> list[dict[str, Any]]:
-    """`count` copies of the example with distinct names, round-robin over `namespaces` namespaces."""
+def resources(count: int, namespaces: int, nodes: int = 1) -> list[dict[str, Any]]:
+    """`count` copies of the example with distinct names, round-robin over `namespaces` namespaces; `nodes` > 1:
+    multi-node servers (the example's tensorParallelSize split over that many nodes)."""
     base = yaml.safe_load(EXAMPLE.read_text())
+    if nodes > 1:
+        base["spec"]["nodesPerReplica"] = nodes
+        base["spec"]["runtime"]["tensorParallelSize"] = max(nodes, base["spec"]["runtime"]["tensorParallelSize"])
     docs = []
     for i in range(count):
         doc = copy.deepcopy(base)
@@ -123,12 +135,17 @@ def apply_all(api: client.ApiClient, docs: list[dict[str, Any]], threads: int) -
         list(pool.map(one, docs))
 
 
-def converged(api: client.ApiClient) -> int:
-    """How many resources have their StatefulSet, both Services, a current Ready/Progressing status and every
-    cache claim (made by the real StatefulSet controller, in its own time) annotated with the fingerprint."""
+def converged(api: client.ApiClient, nodes: int = 1) -> int:
+    """How many resources have their StatefulSet (LeaderWorkerSet when `nodes` > 1), both Services, a current
+    Ready/Progressing status and every cache claim (made by the real StatefulSet controller, in its own time;
+    `nodes` per replica) annotated with the fingerprint."""
     apps, core, custom = client.AppsV1Api(api), client.CoreV1Api(api), client.CustomObjectsApi(api)
-    sts = {(s.metadata.namespace, s.metadata.name) for s in apps.list_stateful_set_for_all_namespaces(
-        label_selector=MANAGED).items}  # fmt: skip
+    if nodes > 1:
+        sts = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in custom.list_cluster_custom_object(
+            *LWS, label_selector=MANAGED)["items"]}  # fmt: skip
+    else:
+        sts = {(s.metadata.namespace, s.metadata.name) for s in apps.list_stateful_set_for_all_namespaces(
+            label_selector=MANAGED).items}  # fmt: skip
     svc = {(s.metadata.namespace, s.metadata.name) for s in core.list_service_for_all_namespaces(
         label_selector=MANAGED).items}  # fmt: skip
     annotated: dict[tuple[str, str], int] = collections.Counter(
@@ -143,7 +160,7 @@ def converged(api: client.ApiClient) -> int:
         done += (
             key in sts and key in svc and (key[0], f"{key[1]}-headless") in svc
             and status.get("observedGeneration") == meta["generation"] and {"Ready", "Progressing"} <= types
-            and annotated[key] == obj["spec"].get("replicas", 1)
+            and annotated[key] == obj["spec"].get("replicas", 1) * nodes
         )  # fmt: skip
     return done
 
@@ -171,6 +188,8 @@ class Result:
 
     n: int
     label: str = ""
+    replicas: int = 1
+    """Replicas per resource (LWS groups of a multi-node server): the per-replica rows divide by n x this."""
     """Column heading: `N=<n>`, or `<baseline> N=<n>` for a baseline run."""
     source: str = ""
     apply_s: float = 0.0
@@ -189,12 +208,13 @@ class Result:
 
 
 def run_once(n: int, namespaces: int, resync: float, threads: int, timeout: float, keep_logs: bool,
-             repo: Path = REPO, label: str = "") -> Result:
+             repo: Path = REPO, label: str = "", nodes: int = 1) -> Result:
     """One fresh cluster + operator (of checkout `repo`); apply N, wait to converge, then watch >= 2 resync
     periods of no-op."""
-    res = Result(n, label or f"N={n}")
+    docs = resources(n, namespaces, nodes)
+    res = Result(n, label or f"N={n}", replicas=docs[0]["spec"].get("replicas", 1) if docs else 1)
     workdir = Path(tempfile.mkdtemp(prefix="qwen-hicache-bench-"))
-    cluster, res.source = open_cluster()
+    cluster, res.source = open_cluster(lws=nodes > 1)
     with cluster:
         api = bench_client(cluster.kubeconfig, threads)
         install_crd(api)
@@ -217,11 +237,10 @@ def run_once(n: int, namespaces: int, resync: float, threads: int, timeout: floa
             time.sleep(1)  # let the initial lists settle before the baseline
             res.idle_rss_kib = proc_kib(proc.pid, "VmRSS")
             cpu0 = sum(op.cpu_times()[:2])
-            docs = resources(n, namespaces)
             i0, t0 = len(server_requests(cluster)), time.monotonic()
             apply_all(api, docs, threads)
             res.apply_s = time.monotonic() - t0
-            wait_until(f"{n} resources to converge", lambda: converged(api) == n, timeout)
+            wait_until(f"{n} resources to converge", lambda: converged(api, nodes) == n, timeout)
             res.converge_s = time.monotonic() - t0
             res.cpu_s = sum(op.cpu_times()[:2]) - cpu0
             i1 = len(server_requests(cluster))
@@ -263,8 +282,10 @@ def rows(r: Result) -> list[tuple[str, float, str]]:
         ("operator requests until converged", r.requests, "{:.0f}"),
         ("  requests / resource", r.requests / per, "{:.2f}"),
         ("  writes / resource", r.writes / per, "{:.2f}"),
+        ("  requests / replica (group)", r.requests / (per * r.replicas), "{:.2f}"),
         ("operator CPU until converged (s)", r.cpu_s, "{:.2f}"),
         ("  CPU ms / resource", 1000 * r.cpu_s / per, "{:.1f}"),
+        ("  CPU ms / replica (group)", 1000 * r.cpu_s / (per * r.replicas), "{:.1f}"),
         ("no-op window (s)", r.noop_window_s, "{:.1f}"),
         ("  no-op resync reconciles", r.noop_reconciles, "{:.0f}"),
         ("  reads / no-op resync", r.noop_reads / resyncs, "{:.2f}"),
@@ -321,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600, help="give up converging after this many s")
     ap.add_argument("--compare", type=int, metavar="N", help="also run N resources first and print the ratio")
     ap.add_argument("--keep-logs", action="store_true", help="keep the operator log (its path is printed)")
+    ap.add_argument("--nodes-per-replica", type=int, default=1, metavar="K",
+                    help="multi-node servers (K > 1: LeaderWorkerSet groups, the real LWS controller runs)")
     ap.add_argument("--baseline", type=Path, metavar="DIR",
                     help="another checkout (e.g. a git worktree of an older commit): run the same N with its "
                          "operator first and print the ratio this/baseline")
@@ -331,14 +354,15 @@ def main(argv: list[str] | None = None) -> int:
                 (args.resources, REPO, f"{_commit(REPO)} N={args.resources}")]
     else:
         sizes = [args.compare, args.resources] if args.compare else [args.resources]
-        runs = [(n, REPO, f"N={n}") for n in sizes]
+        runs = [(n, REPO, f"N={n}" + (f" x{args.nodes_per_replica}n" if args.nodes_per_replica > 1 else ""))
+                for n in sizes]
     print(f"reconcile benchmark: {', '.join(label for _, _, label in runs)}, over {args.namespaces} namespaces, "
           f"resync {args.resync:g}s, {os.cpu_count()} CPUs", flush=True)  # fmt: skip
     results = []
     for n, repo, label in runs:
         started = time.monotonic()
         results.append(run_once(n, args.namespaces, args.resync, args.threads, args.timeout, args.keep_logs,
-                                repo, label))  # fmt: skip
+                                repo, label, args.nodes_per_replica))  # fmt: skip
         print(f"  {label}: done in {time.monotonic() - started:.0f}s", flush=True)
     print(f"operator requests: counted server-side ({results[-1].source}), attributed by User-Agent")
     print()

@@ -11,7 +11,11 @@ as processes on loopback, the engine stand-in), the operator as a subprocess (`q
 the disk tier imports torch: 50 of them do not fit in 24 GB), so a rollout is: canary, delete, a new pod,
 readiness, the check.
 
-    python bench/rollouts.py [--servers 50] [--timeout 900] [--smoke] [--baseline DIR]
+    python bench/rollouts.py [--servers 50] [--timeout 900] [--smoke] [--baseline DIR] [--groups]
+
+`--groups` adds the multi-node row: on a fresh control plane with the real LeaderWorkerSet controller, one
+server of 2 replicas x 2 nodes (LWS groups) with its disk tier, restarted once: time per group restart (release
+-> ready, from status), the whole rollout, warm groups, and the operator's CPU per group.
 
 `--baseline DIR` runs everything first with the operator of another checkout (a git worktree of an older
 commit), on a fresh control plane of its own, and prints both side by side with the ratio this/baseline.
@@ -30,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 from kubernetes import client, config
 
@@ -186,6 +191,65 @@ def run(servers: int, timeout: float, workdir: Path, repo: Path = REPO) -> dict[
     return {"alone": alone, "idle_latency": idle_latency, "many": many, "nodes": nodes, "workdir": workdir}
 
 
+def group_doc(name: str, replicas: int, nodes: int) -> dict[str, Any]:
+    """A multi-node server: `replicas` LWS groups of `nodes` pods, each pod with its own disk-tier claim."""
+    doc = server_doc(name)
+    spec = doc["spec"]
+    spec.update(replicas=replicas, nodesPerReplica=nodes, router={"enabled": False})
+    spec["hicache"]["disk"] = {"enabled": True, "size": "8Gi"}
+    return doc
+
+
+def run_groups(timeout: float, workdir: Path, repo: Path = REPO, replicas: int = 2, nodes: int = 2) -> dict[str, Any]:
+    """The multi-node row: one group server restarted once on the real LWS controller (see the module doc)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    quiet = lambda msg: None  # noqa: E731
+    with DevCluster(log=quiet) as cluster:
+        api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        install_crd(api)
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
+        with SimCluster(api, workdir / "volumes", NAMESPACE, nodes=replicas * nodes, max_grace_seconds=30) as sim:
+            sim.weights_claim(NAMESPACE)
+            op = OperatorProcess(cluster.kubeconfig, workdir / "operator.log", repo=repo)
+            proc = op.start()
+            try:
+                bench, custom = Bench(api, sim), client.CustomObjectsApi(api)
+                began = time.monotonic()
+                custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, group_doc("g", replicas,
+                                                                                                       nodes))
+                wait_for(lambda: _ready_groups(custom, "g") == replicas, "groups ready", timeout, interval=0.5)
+                up = time.monotonic() - began
+                cpu = psutil.Process(proc.pid)
+                cpu0 = sum(cpu.cpu_times()[:2])
+                bench.restart("g", "groups")
+                rs = wait_for(lambda: bench.finished("g", "groups"), "the group rollout", timeout, interval=0.5)
+                cpu_s = sum(cpu.cpu_times()[:2]) - cpu0
+            finally:
+                op.stop()
+    per = [r.get("timeToReadySeconds") or 0 for r in rs.get("results") or []]
+    return {"up": up, "rollout": rollout_seconds(rs) if rs["phase"] == "Complete" else 0.0, "phase": rs["phase"],
+            "per_group": per, "warm": sum(bool(r.get("warm")) for r in rs.get("results") or []),
+            "replicas": replicas, "nodes": nodes, "cpu_per_group": cpu_s / replicas, "workdir": workdir}
+
+
+def _ready_groups(custom: client.CustomObjectsApi, name: str) -> int:
+    obj = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
+    return sum(g.get("readyNodes") == len(g.get("nodes") or [0]) for g in (obj.get("status") or {}).get("groups")
+               or [])  # fmt: skip
+
+
+def groups_table(g: dict[str, Any]) -> str:
+    per = g["per_group"] or [0]
+    return "\n".join([
+        f"multi-node row: {g['replicas']} groups x {g['nodes']} nodes, disk tier on, real LWS v0.9.0",
+        f"{'groups ready after create (s)':34} {g['up']:13.2f}",
+        f"{'group rollout complete (s)':34} {g['rollout']:13.2f}",
+        f"{'group restart, release -> ready (s)':34} {statistics.median(per):13.2f}  (each: {per})",
+        f"{'groups warm after restart':34} {g['warm']:13d}",
+        f"{'operator CPU / group restart (s)':34} {g['cpu_per_group']:13.2f}",
+    ])
+
+
 def _ok(result: dict[str, Any], servers: int, what: str) -> bool:
     ok = result["many"]["complete"] == servers and result["alone"]["complete"] == 1
     if not ok:
@@ -201,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="3 servers: CI's check that the benchmark still runs")
     ap.add_argument("--baseline", type=Path, metavar="DIR",
                     help="another checkout (a git worktree of an older commit): run it first, print both")
+    ap.add_argument("--groups", action="store_true",
+                    help="also the multi-node row (2 LWS groups x 2 nodes, restarted once; needs the LWS build)")
     args = ap.parse_args(argv)
     servers = 3 if args.smoke else args.servers
     with tempfile.TemporaryDirectory(prefix="bench-rollouts-") as tmp:
@@ -213,6 +279,13 @@ def main(argv: list[str] | None = None) -> int:
               + (f"; baseline: the operator of {args.baseline}" if base else ""))
         print(table(this, servers, base))
         ok = _ok(this, servers, "this checkout") and (base is None or _ok(base, servers, "baseline"))
+        if args.groups:
+            groups = run_groups(args.timeout, Path(tmp) / "groups")
+            print(groups_table(groups))
+            if groups["phase"] != "Complete" or groups["warm"] != groups["replicas"]:
+                print(f"FAIL (groups): the group rollout is {groups['phase']}, {groups['warm']} warm "
+                      f"(see {groups['workdir']}/operator.log)")
+                ok = False
         return 0 if ok else 1
 
 

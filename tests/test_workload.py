@@ -215,3 +215,18 @@ def test_a_disk_change_on_groups_is_refused_and_the_groups_keep_running(runtime:
     assert world.kube.writes == [("patch_status", KIND, NAME)]
     assert world.condition("Degraded")["reason"] == "DiskChangeRefused"
     assert world.condition("Ready")["status"] == "True"
+
+
+def test_a_release_whose_status_write_was_lost_is_never_undone(runtime: Runtime) -> None:
+    """The operator lowered the partition, then died before writing status: the next pass keeps it down."""
+    world = Groups(runtime).converged()
+    world.edit(restart="r1")
+    world.reconcile(2)  # template + partition 2, canary at group 1
+    stored = world.status()["restart"]
+    world.reconcile(3)  # release: partition 1 ...
+    assert world.partition() == 1
+    world.kube.server()["status"]["restart"] = stored  # ... whose status write never happened
+    world.controller()
+    world.reconcile(4)
+    assert world.partition() == 1 and ("apply", "LeaderWorkerSet", NAME) not in world.kube.writes
+

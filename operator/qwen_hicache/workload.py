@@ -122,7 +122,12 @@ class GroupSet:
         target is applied with every group held (`replicas`) in the same write, else LWS would roll every group
         itself; otherwise what the LWS holds (a crash between that write and the status write lost no step)."""
         if self.restart is not None and self.restart.id == target:
-            return group_rollout.partition_of(self.restart, self.replicas)
+            wanted = group_rollout.partition_of(self.restart, self.replicas)
+            if current is not None and render_lws.template_target(current) == target:
+                # Never up within a rollout: a release applied just before a crash that lost its status write
+                # is kept (raising it would send a group LWS is recreating back to the old revision).
+                wanted = min(wanted, render_lws.partition_in(current))
+            return wanted
         if current is None:
             return 0
         if render_lws.template_target(current) != target:
