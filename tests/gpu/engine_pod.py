@@ -215,7 +215,10 @@ class Server:
         r = subprocess.run(self.p["prestop"], env=env, capture_output=True, text=True, timeout=self.p["grace"])
         prestop_s = time.time() - t
         log(f"preStop [{self.tag}] rc={r.returncode} in {prestop_s:.1f}s: {(r.stdout + r.stderr).strip()[-300:]}")
-        os.killpg(self.proc.pid, signal.SIGTERM)
+        # The kubelet's runtime signals the container's PID 1 (the server's main process) only, never its children:
+        # a SIGTERM to the whole group (as the 2026-12-04 lease did) reaches the detokenizer and scheduler too, and
+        # the server takes its child-crashed path (SIGQUIT, kill_process_tree, rc -9) instead of patch 0003's drain.
+        os.kill(self.proc.pid, signal.SIGTERM)
         try:
             rc = self.proc.wait(timeout=max(1.0, self.p["grace"] - prestop_s))
         except subprocess.TimeoutExpired:
@@ -250,10 +253,11 @@ def stop_all() -> None:
 
 
 def start_together(servers: list[Server], timeout: float = 540) -> list[float]:
-    """Launch every server, then wait for each (they start in parallel, as pods of a StatefulSet may)."""
-    for s in servers:
-        s.launch()
-    return [s.wait_ready(timeout) for s in servers]
+    """Start the servers one after the other, each ready before the next launches. On one GPU two servers that
+    size their pools from its free memory race: one allocating between the other's baseline and its profile
+    leaves that one "no GPU memory for the KV cache" (the 2026-12-04 lease lost a router pod and a TP 1 start
+    to it); pods of a StatefulSet would each have their own GPU."""
+    return [s.start(timeout) for s in servers]
 
 
 # ---- HTTP ------------------------------------------------------------------------------------------------------

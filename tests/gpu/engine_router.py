@@ -222,10 +222,11 @@ def start(args, st, rep: dict) -> None:
     rep["pods"] = {s.name: {"fingerprint": s.server.p["fingerprint"], "cache_dir": s.server.p["cache_dir"]}
                    for s in st.slots}  # fmt: skip
     rep["launch_argv"] = st.slots[0].server.p["argv"]
-    for s in st.slots:
+    rep["start_s"] = []
+    for s in st.slots:  # one after the other: see engine_pod.start_together
         s.server.launch()
         st.seam.pod_up(s)
-    rep["start_s"] = [s.server.wait_ready() for s in st.slots]
+        rep["start_s"].append(s.server.wait_ready())
     rep["manifest_initial"] = st.seam.sync(None)
     env = {**os.environ, "PYTHONPATH": str(args.site)}
     cmd = with_hosts(shim.path, argv) if private else argv

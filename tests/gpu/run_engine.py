@@ -22,6 +22,7 @@ import contextlib
 import datetime
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -558,7 +559,9 @@ def environment() -> dict:
 BENCH_JSON = REPO / "bench" / "gpu_engine.json"
 RECORD_KEYS = ("date", "gpu", "model_type", "tp", "restarts", "ttft_cold_s", "ttft_host_s", "ttft_disk_s",
                "restore_gbps", "disk_read_gbps", "copy_gbps", "copy_limit_gbps", "damage",
-               "router", "wide", "stand_ins")  # fmt: skip
+               "router", "wide", "stand_ins", "rollout_warm", "stop_exit_codes", "files_after_flush",
+               "host_pool_per_rank", "fingerprint_change", "first_tokens_identical", "recompute_identical",
+               "damage_storage_tokens")  # fmt: skip
 WIDE_KEYS = ("weight_bytes", "ttft_cold_s", "ttft_disk_s", "disk_vs_cold", "storage_hit_tokens", "tokens_identical",
              "prompts", "logits_max_abs_diff")  # fmt: skip
 ROUTER_KEYS = ("replicas", "policy", "conversations", "landed_before", "landed_after", "stayed", "warm",
@@ -570,8 +573,42 @@ def bench_record(report: dict) -> dict:
     router part's outcome under `router`."""
     out = {k: report.get(k) for k in RECORD_KEYS}
     out["disk_read_gbps"] = (report.get("disk_read") or {}).get("gbps")
-    out["restarts"] = [{k: r.get(k) for k in ("warm", "storage_hit_tokens", "tokens_identical", "logits_max_abs_diff")}
-                       for r in report.get("restarts") or []]  # fmt: skip
+    out["restarts"] = []
+    for r in report.get("restarts") or []:
+        row = {k: r.get(k) for k in ("warm", "storage_hit_tokens", "tokens_identical", "logits_max_abs_diff")}
+        diff = row["logits_max_abs_diff"]
+        if isinstance(diff, float) and not math.isfinite(diff):  # compare(): the top-20 token sets differ
+            row["logits_max_abs_diff"] = None
+            row["first_token_top20_sets_differ"] = True
+        row["prompts"] = r.get("prompts")
+        out["restarts"].append(row)
+    # The operator's own verdict (the rollout's canary/verify), apart from the same prompts' storage hits above.
+    out["rollout_warm"] = (report.get("rollout") or {}).get("warm")
+    out["stop_exit_codes"] = {k: (report.get(k) or {}).get("exit_code") for k in (
+        "stop_warm", "stop_new_fingerprint", "stop_damaged") if report.get(k)} or None  # fmt: skip
+    pool = report.get("host_pool") or {}
+    out["host_pool_per_rank"] = {k: pool.get(k) for k in ("kv_tokens_per_rank", "operator_kv_tokens_per_rank",
+                                                           "mamba_states_per_rank", "operator_mamba_slots_per_rank")
+                                 } if pool else None  # fmt: skip
+    pr = report.get("per_request") or {}
+    cold = pr.get("cold") or []
+
+    def same(other: list, first_only: bool) -> str | None:
+        pairs = [(a["ids"], b["ids"]) for ra, rb in zip(cold, other, strict=False)
+                 for a, b in zip(ra, rb, strict=False)]  # fmt: skip
+        if not pairs:
+            return None
+        return f"{sum((a[:1] == b[:1]) if first_only else (a == b) for a, b in pairs)}/{len(pairs)}"
+
+    out["first_tokens_identical"] = same(pr.get("disk_warm") or [], True)
+    # The first turns asked again in the cold process (after the fillers); with no cached prefix reported this is a
+    # recompute of the same prompt: how deterministic the engine itself is, the bar the restart is held to.
+    host = pr.get("host") or []
+    recompute = [[r] for row in host for r in row if not any(r.get("cached", {}).values())]
+    out["recompute_identical"] = same(recompute, False) if recompute and len(recompute) == len(host) else None
+    detail = report.get("damage_detail") or {}
+    out["damage_storage_tokens"] = {"per_conversation": detail.get("storage_per_conversation"),
+                                    "undamaged": detail.get("undamaged_reference")} if detail else None  # fmt: skip
     dmg = report.get("damage") or {}
     out["damage"] = {k: dmg.get(k, "not run") for k in ("zeroed", "bitflip", "truncated", *(
         ["rank_shard_deleted"] if report.get("tp", 1) > 1 else []))}  # fmt: skip
