@@ -3,7 +3,9 @@
 Conditions:
 - `SpecValid` / `SizingValid`: the spec can be served as written (else nothing is applied).
 - `CachePersistent`: pages reach the disk tier, so a restart can warm-start.
-- `CacheWarm`: the last verified restart of each pod served the canary from disk.
+- `CacheWarm`: the last verified restart of each pod served the canary from disk (False, PartlyWarm: some pod
+  restored only part of it).
+- `ImagePinned`, `DiskWriteRate`: advisories (False: a Warning event, nothing blocked).
 - `Ready`: every desired replica is ready. `Progressing`: the workload or a rollout is converging.
 - `Degraded`: something needs the admin (invalid spec, failed apply, paused rollout, refused cache).
 """
