@@ -6,7 +6,15 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from qwen_hicache.engine import WRITE_SECONDS, WRITTEN_BYTES, cache_metrics, generate, write_rate
+from qwen_hicache.engine import (
+    WRITE_SECONDS,
+    WRITTEN_BYTES,
+    cache_metrics,
+    generate,
+    read_usage,
+    router_workers,
+    write_rate,
+)
 
 METRICS = """# HELP sglang:cached_tokens_total x
 sglang:cached_tokens_total{model_name="m",cache_source="storage"} 4032.0
@@ -78,3 +86,40 @@ def test_the_disk_write_rate_is_the_pods_every_rank_bytes_over_the_longest_ranks
     assert (m[WRITTEN_BYTES], m[WRITE_SECONDS]) == (4.0e9, 10.0)
     assert write_rate(m) == (4_000_000_000, 10.0)
     assert write_rate({}) is None and write_rate({WRITTEN_BYTES: 0.0, WRITE_SECONDS: 0.0}) is None
+
+
+def _serve(path_bodies: dict[str, str]) -> ThreadingHTTPServer:
+    class Pod(_Runtime):
+        def do_GET(self) -> None:  # noqa: N802
+            self._send(path_bodies[self.path].encode())
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Pod)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_router_workers_and_disk_usage_come_through_the_same_client() -> None:
+    workers = {"workers": [{"labels": {"smg.ai/discovery-id": "chat-0"}, "status": "ready", "is_healthy": True},
+                           {"url": "http://10.0.0.2:30000", "status": "draining"}]}
+    usage = ('# TYPE qwen_hicache_disk_used_bytes gauge\nqwen_hicache_disk_used_bytes{tp_rank="0"} 600.0\n'
+             'qwen_hicache_disk_used_bytes{tp_rank="1"} 400.0\n'
+             'qwen_hicache_disk_cap_bytes{tp_rank="0"} 1000.0\nqwen_hicache_disk_cap_bytes{tp_rank="1"} 1000.0\n'
+             'qwen_hicache_cache_namespace_info{fingerprint="v1-abc"} 1.0\n')
+    server = _serve({"/workers": json.dumps(workers), "/metrics": usage})
+    try:
+        assert router_workers("127.0.0.1", server.server_port) == {"chat-0": "ready",
+                                                                    "http://10.0.0.2:30000": "draining"}
+        u = read_usage("127.0.0.1", server.server_port)
+    finally:
+        server.shutdown()
+    assert u is not None and (u.used_bytes, u.cap_bytes, u.used_ratio, u.fingerprint) == (1000, 2000, 0.5, "v1-abc")
+    assert router_workers("127.0.0.1", 1, timeout=2) is None and read_usage("127.0.0.1", 1, timeout=2) is None
+
+
+def test_text_that_is_not_prometheus_is_no_answer() -> None:
+    server = _serve({"/metrics": "this is { not metrics\n"})
+    try:
+        assert read_usage("127.0.0.1", server.server_port) is None
+        assert cache_metrics("127.0.0.1", server.server_port) == {}
+    finally:
+        server.shutdown()

@@ -59,7 +59,7 @@ def runtime(monkeypatch: pytest.MonkeyPatch) -> Runtime:
     monkeypatch.setattr(engine, "generate", rt.generate)
     monkeypatch.setattr(engine, "cache_metrics", rt.cache_metrics)
     monkeypatch.setattr(router, "router_workers", rt.router_workers)
-    monkeypatch.setattr(diskusage, "read_usage", rt.read_usage)
+    monkeypatch.setattr(engine, "read_usage", rt.read_usage)
     return rt
 
 

@@ -1,7 +1,9 @@
 """Names several modules share: the API's identity, label and annotation keys, the labels, selectors and owner
-reference every owned object carries (a leaf: imports nothing)."""
+reference every owned object carries, and the in-pod scripts (a leaf: imports nothing of the package)."""
 
 from __future__ import annotations
+
+from importlib import resources
 
 GROUP = "qwenhicache.io"
 VERSION = "v1alpha1"
@@ -82,3 +84,9 @@ def owner_reference(meta: dict) -> dict:
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+def pod_script(name: str) -> str:
+    """The text of `pod_scripts/<name>`: code that runs inside a pod (preStop, cache guard, disk-usage sidecar),
+    kept as real files so ruff and the tests read them; rendered into the pod spec byte for byte."""
+    return resources.files(__package__).joinpath("pod_scripts", name).read_text()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import diskusage, units
+from . import diskusage, engine, units
 from .constants import CACHE_VOLUME, INSTANCE_LABEL, matches, owned_selector, router_selector, selector
 from .kube import KubeClient
 from .observed import CRASH_LOOPING, POD_FAILING, PodProblem
@@ -168,4 +168,4 @@ def pod_problems(pods: list[Obj]) -> tuple[PodProblem, ...]:
 def disk_usage(pods: list[Obj]) -> tuple[tuple[str, diskusage.DiskUsage | None], ...]:
     """Each running pod's disk tier as its cache-usage sidecar reports it (None when it does not answer)."""
     running = [(pod["metadata"]["name"], ip) for pod in pods if (ip := (pod.get("status") or {}).get("podIP"))]
-    return tuple((name, diskusage.read_usage(ip, timeout=2.0)) for name, ip in sorted(running))
+    return tuple((name, engine.read_usage(ip)) for name, ip in sorted(running))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .constants import pod_script
 from .spec import QwenHiCacheServerSpec
 
 MARKER = ".qwen-hicache-fingerprint"
@@ -36,55 +37,10 @@ RUNTIME_EXIT_SLACK_SECONDS = 7
 MARGIN_SECONDS = 10
 """Process teardown after the schedulers exit (the tokenizer kills the process tree, the HTTP server stops)."""
 
-GUARD_SCRIPT = f"""set -eu
-root="$QWEN_HICACHE_CACHE_ROOT"; fp="$QWEN_HICACHE_FINGERPRINT"; keep="$QWEN_HICACHE_KEEP_OLD"
-dir="$root/$fp"; marker="$dir/{MARKER}"
-mkdir -p "$dir"
-if [ -e "$marker" ]; then
-  have="$(cat "$marker")"
-  if [ "$have" != "$fp" ]; then
-    echo "refusing cache directory $dir: its marker names configuration $have, this pod is $fp" >&2
-    exit 3
-  fi
-else
-  printf '%s\\n' "$fp" > "$marker.tmp" && mv "$marker.tmp" "$marker"
-fi
-touch "$marker"
-n=0
-for m in $(ls -1t "$root"/*/{MARKER} 2>/dev/null); do
-  d="${{m%/{MARKER}}}"
-  [ "$d" = "$dir" ] && continue
-  n=$((n + 1))
-  if [ "$n" -gt "$keep" ]; then echo "removing old cache namespace $d"; rm -rf "$d"; else echo "keeping $d"; fi
-done
-echo "cache namespace $dir ready"
-"""
-
-PRESTOP_SCRIPT = """import os, re, time, urllib.request
-env = os.environ
-base = "http://%s:%s" % (env.get("QWEN_HICACHE_POD_HOST", "127.0.0.1"), env["QWEN_HICACHE_PORT"])
-deadline = time.time() + float(env["QWEN_HICACHE_DRAIN_SECONDS"])
-def running():
-    try:
-        text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
-    except Exception:
-        return None  # unknown is not idle: keep waiting (bounded by the deadline)
-    found = re.findall(r"^sglang:num_running_reqs(?:[{][^}]*[}])? (\\S+)$", text, re.M)
-    return sum(float(v) for v in found) if found else None
-while time.time() < deadline:
-    n = running()
-    if n == 0:
-        break
-    print("waiting: running requests", "unknown" if n is None else n, flush=True)
-    time.sleep(1)
-flush = env["QWEN_HICACHE_FLUSH_SECONDS"]
-req = urllib.request.Request(base + "/flush_cache?timeout=" + flush, method="POST",
-                             headers={"Authorization": "Bearer " + env.get("QWEN_HICACHE_ADMIN_API_KEY", "")})
-try:
-    print("flush:", urllib.request.urlopen(req, timeout=float(flush) + 10).status, flush=True)
-except Exception as err:
-    print("flush failed:", err, flush=True)
-"""
+GUARD_SCRIPT = pod_script("cache_guard.sh")
+"""The `cache-guard` init container's `sh -c` script (it names MARKER literally; a test checks)."""
+PRESTOP_SCRIPT = pod_script("prestop.py")
+"""The preStop hook's `python3 -c` script (stdlib only: it runs in the runtime's own Python)."""
 
 
 @dataclass(frozen=True)

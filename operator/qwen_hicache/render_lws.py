@@ -28,6 +28,7 @@ import copy
 from typing import Any
 
 from . import podlifecycle, render, render_router
+from .constants import pod_script
 from .derive import Derived
 from .drift import HASH_ANNOTATION, with_hash
 from .rollout import CONFIG_HASH_ANNOTATION, RESTART_ANNOTATION, allowed_down, target
@@ -43,11 +44,8 @@ GROUP_INDEX_LABEL = f"{LWS_PREFIX}/group-index"
 WORKER_INDEX_LABEL = f"{LWS_PREFIX}/worker-index"
 REVISION_LABEL = f"{LWS_PREFIX}/template-revision-hash"
 DEFAULT_DIST_INIT_PORT = 20000
-WORKER_SWEEP = """
-for t in "$dir"/.*.tmp; do [ -e "$t" ] && rm -f "$t" && echo "removed stale $t"; done
-echo "worker volume: stale partial pages swept (the runtime sweeps on TP rank 0 only)"
-"""
-WORKER_GUARD_SCRIPT = podlifecycle.GUARD_SCRIPT + WORKER_SWEEP.lstrip("\n")
+WORKER_SWEEP = pod_script("worker_sweep.sh")
+WORKER_GUARD_SCRIPT = podlifecycle.GUARD_SCRIPT + WORKER_SWEEP
 
 
 def dist_init_port(spec: QwenHiCacheServerSpec) -> int:

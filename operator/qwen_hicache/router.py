@@ -12,9 +12,6 @@ them before it flushes and stops.
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from typing import Any
 
 from . import render_router
@@ -22,14 +19,13 @@ from . import status_model as sm
 from .apply import apply_if_drifted
 from .constants import owner_reference
 from .drift import with_hash
+from .engine import router_workers
 from .gather import Live, ready_ips
 from .kube import KubeClient
 from .spec import QwenHiCacheServerSpec
 
 Obj = dict[str, Any]
 DRAINED_STEPS = ("Delete", "WaitingReady", "Verify")
-TIMEOUT_SECONDS = 3.0
-DISCOVERY_ID_LABEL = "smg.ai/discovery-id"
 
 
 def active(spec: QwenHiCacheServerSpec | None) -> bool:
@@ -50,20 +46,6 @@ def _apply_manifest(kube: KubeClient, live: Live, meta: Obj, spec: QwenHiCacheSe
                     drained: frozenset[str], applied: list[str] | None = None) -> None:  # fmt: skip
     manifest = render_router.get_manifest_configmap(meta, spec, owner_reference(meta), drained)
     apply_if_drifted(kube, live, with_hash(manifest), applied)
-
-
-def router_workers(ip: str, port: int, timeout: float = TIMEOUT_SECONDS) -> dict[str, str] | None:
-    """`{pod name: status}` from one router's `GET /workers` (None when it does not answer)."""
-    try:
-        with urllib.request.urlopen(f"http://{ip}:{port}/workers", timeout=timeout) as resp:
-            body = json.loads(resp.read())
-    except (OSError, urllib.error.URLError, ValueError):
-        return None
-    out = {}
-    for w in body.get("workers") or []:
-        pod = (w.get("labels") or {}).get(DISCOVERY_ID_LABEL) or w.get("url", "")
-        out[pod] = "ready" if w.get("status") == "ready" and w.get("is_healthy") else str(w.get("status"))
-    return out
 
 
 def ready_to_delete(kube: KubeClient, live: Live, meta: Obj, spec: QwenHiCacheServerSpec, restart: sm.Restart,

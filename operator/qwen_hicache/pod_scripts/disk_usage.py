@@ -1,0 +1,103 @@
+import http.server, os, re, signal, sys, threading, time
+# The container's PID 1: without a handler the kernel drops SIGTERM, and the pod's deletion waits out its
+# whole grace period (the drain and flush budget) for this sidecar.
+signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+env = os.environ
+root, fp = env["QWEN_HICACHE_CACHE_ROOT"], env["QWEN_HICACHE_FINGERPRINT"]
+tp, cap = int(env.get("QWEN_HICACHE_TP_SIZE") or 1), int(env.get("SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE") or 0)
+interval = float(env.get("QWEN_HICACHE_USAGE_INTERVAL") or 30)
+rank_of = re.compile(r"_(\d+)_%d\.bin$" % tp)
+ns = os.path.join(root, fp)
+snapshot = [b""]
+
+def du(path):
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+def created():
+    path = os.path.join(ns, ".qwen-hicache-created")
+    try:
+        return float(open(path).read().strip())
+    except (OSError, ValueError):
+        now = time.time()
+        try:
+            with open(path + ".tmp", "w") as f:
+                f.write("%d\n" % now)
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass
+        return now
+
+def scan():
+    t0 = time.time()
+    used, files = {str(r): 0 for r in range(tp)}, {str(r): 0 for r in range(tp)}
+    try:
+        entries = list(os.scandir(ns))
+    except OSError:
+        entries = []
+    for e in entries:
+        m = rank_of.search(e.name)
+        if m and m.group(1) in used:
+            try:
+                used[m.group(1)] += e.stat(follow_symlinks=False).st_size
+                files[m.group(1)] += 1
+            except OSError:
+                pass
+    old = 0
+    for e in os.scandir(root):
+        if e.is_dir(follow_symlinks=False) and e.name != fp and not e.name.startswith("lost+found"):
+            old += du(e.path)
+    st = os.statvfs(root)
+    lines, typed = [], set()
+    def put(name, value, help_, kind="gauge", **labels):
+        if name not in typed:
+            typed.add(name)
+            lines.extend(["# HELP %s %s" % (name, help_), "# TYPE %s %s" % (name, kind)])
+        lab = ",".join('%s="%s"' % kv for kv in labels.items())
+        lines.append("%s%s %s" % (name, "{%s}" % lab if lab else "", float(value)))
+    for r in sorted(used, key=int):
+        put("qwen_hicache_disk_used_bytes", used[r], "Page file bytes of the current namespace.", tp_rank=r)
+    for r in sorted(files, key=int):
+        put("qwen_hicache_disk_page_files", files[r], "Page files of the current namespace.", tp_rank=r)
+    if cap:
+        for r in sorted(used, key=int):
+            put("qwen_hicache_disk_cap_bytes", cap, "The runtime's disk-tier cap per TP rank.", tp_rank=r)
+    put("qwen_hicache_disk_old_namespaces_bytes", old, "Bytes of earlier cache namespaces kept on the volume.")
+    put("qwen_hicache_disk_volume_used_bytes", (st.f_blocks - st.f_bfree) * st.f_frsize, "Used bytes of the volume.")
+    put("qwen_hicache_disk_volume_size_bytes", st.f_blocks * st.f_frsize, "Size of the cache volume.")
+    put("qwen_hicache_cache_namespace_created_timestamp_seconds", created(), "First use of the namespace.")
+    put("qwen_hicache_cache_namespace_info", 1, "The current cache namespace.", fingerprint=fp)
+    put("qwen_hicache_disk_scan_duration_seconds", time.time() - t0, "Wall time of the last scan.")
+    put("qwen_hicache_disk_scan_timestamp_seconds", time.time(), "When the last scan finished.")
+    snapshot[0] = ("\n".join(lines) + "\n").encode()
+
+def loop():
+    while True:
+        try:
+            scan()
+        except Exception as exc:
+            print("cache-usage scan failed: %r" % (exc,), file=sys.stderr, flush=True)
+        time.sleep(interval)
+
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        ok = self.path.split("?")[0] == "/metrics" and snapshot[0]
+        body = snapshot[0] if ok else b"not ready\n"
+        self.send_response(200 if ok else 503)
+        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+scan()
+threading.Thread(target=loop, daemon=True).start()
+addr = (env.get("QWEN_HICACHE_USAGE_HOST") or "0.0.0.0", int(env.get("QWEN_HICACHE_USAGE_PORT") or 9400))
+http.server.ThreadingHTTPServer(addr, H).serve_forever()
