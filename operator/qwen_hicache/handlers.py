@@ -15,7 +15,7 @@ import kopf
 from pydantic import ValidationError
 
 from . import driver, metrics, reconciler, rollout
-from .constants import MANAGER, selector
+from .constants import INSTANCE_LABEL, MANAGER, NAME_LABEL, SERVER_APP
 from .kube import Kube, load_api_client
 from .plan import parse_spec
 from .settings import Settings
@@ -23,6 +23,15 @@ from .spec import GROUP, PLURAL, VERSION
 from .status_model import restart_of
 
 RESOURCE = (GROUP, VERSION, PLURAL)
+PodMark = tuple[str, str, str]
+"""(name, uid, resourceVersion): what a rollout poll reads of a pod (`driver.world_mark`)."""
+
+
+def server_pods(name: str, namespace: str, labels: Any, uid: str, meta: Any,
+                **_: Any) -> dict[tuple[str, str], PodMark]:
+    """Kopf index of serving pods by (namespace, server): the rollout poll reads it instead of listing pods every
+    poll per rollout (the watch keeps it current; router pods carry another name label and stay out)."""
+    return {(namespace, labels[INSTANCE_LABEL]): (name, uid, meta.get("resourceVersion", ""))}
 
 
 def post_event(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
@@ -115,7 +124,7 @@ class Operator:
             await driver.retrying(lambda: self.steps.run(self.run, ref, logger), logger, f"reconcile of {owner}")
 
     async def drive_rollout(self, stopped: kopf.DaemonStopped, name: str, namespace: str, logger: logging.Logger,
-                            **_: Any) -> None:
+                            server_pods: kopf.Index[tuple[str, str], PodMark], **_: Any) -> None:
         """Poll quickly while a rollout runs (pods restart on their own schedule); stops when it completes.
         Async: it waits on the event loop, and each step holds a thread of `steps` only while it runs."""
         gate = driver.QuietGate(self.settings.rollout_full_step_seconds)
@@ -124,7 +133,8 @@ class Operator:
             return rollout_wanted(server.get("spec") or {}, server.get("status"))
 
         async def step(server: dict[str, Any]) -> None:
-            pods = await self.steps.run(self.kube().list, "v1", "Pod", namespace, selector(name))
+            pods = [{"metadata": {"name": n, "uid": u, "resourceVersion": rv}}
+                    for n, u, rv in server_pods.get((namespace, name), [])]
             mark, now = driver.world_mark(server, pods), time.monotonic()
             if gate.due(mark, now):
                 outcome = await self.steps.run(self.run, server, logger)
@@ -148,6 +158,8 @@ class Operator:
         kopf.on.delete(*RESOURCE, registry=registry, id="forget_metrics", optional=True)(self.deleted)
         kopf.on.event("apps", "v1", "statefulsets", registry=registry, id="child_changed",
                       labels={"app.kubernetes.io/managed-by": MANAGER})(self.child_changed)
+        kopf.index("", "v1", "pods", registry=registry, id="server_pods",
+                   labels={NAME_LABEL: SERVER_APP, INSTANCE_LABEL: kopf.PRESENT})(server_pods)
         kopf.daemon(*RESOURCE, registry=registry, id="drive_rollout", when=rollout_wanted, cancellation_timeout=10,
                     initial_delay=1)(self.drive_rollout)
         return registry

@@ -82,12 +82,12 @@ Shared by the ClusterRole (cluster-wide mode) and every Role (namespace-scoped m
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-# The serving pods: listed by label for readiness and restart progress. Never created (the StatefulSet
+# The serving pods: listed by label for readiness and restart progress, watched for the rollout poll's index. Never created (the StatefulSet
 # does that) nor deleted directly: an ordered, cache-aware restart evicts one pod at a time (with a uid
 # precondition) through the eviction API, so the server's PodDisruptionBudget applies to it too.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 - apiGroups: [""]
   resources: ["pods/eviction"]
   verbs: ["create"]
