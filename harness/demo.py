@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from qwen_hicache import units
 from qwen_hicache.crd import build_crd
 from qwen_hicache.render import MANAGER, labels
 from qwen_hicache.spec import GROUP, PLURAL, VERSION
@@ -73,6 +74,12 @@ def wait_for_status(api: client.ApiClient, ns: str, name: str, timeout: float = 
     return wait_for(observed, f"the operator's status for {ns}/{name}", timeout)
 
 
+def _readable(quantities: dict[str, str] | None) -> dict[str, str]:
+    """Sizes for people (`168Gi`, not `180388626432`); CPU and GPU counts as they are."""
+    return {k: units.binary(v) if k in ("memory", "storage", "ephemeral-storage") else v
+            for k, v in (quantities or {}).items()}
+
+
 def describe_children(api: client.ApiClient, ns: str, name: str) -> str:
     """A short, readable summary of what the operator created."""
     sel = ",".join(f"{k}={v}" for k, v in labels(name).items() if k != "app.kubernetes.io/component")
@@ -82,11 +89,11 @@ def describe_children(api: client.ApiClient, ns: str, name: str) -> str:
         c = sts.spec.template.spec.containers[0]
         lines.append(f"StatefulSet/{sts.metadata.name}: replicas={sts.spec.replicas} "
                      f"updateStrategy={sts.spec.update_strategy.type} image={c.image}")
-        lines.append(f"  resources: requests={c.resources.requests} limits={c.resources.limits}")
+        lines.append(f"  resources: requests={_readable(c.resources.requests)} limits={_readable(c.resources.limits)}")
         lines.append(f"  command: {' '.join(c.command + c.args)}")
         lines.append(f"  env: {[(e.name, e.value) for e in c.env or []]}")
         for t in sts.spec.volume_claim_templates or []:
-            lines.append(f"  volumeClaimTemplate {t.metadata.name}: {t.spec.resources.requests} "
+            lines.append(f"  volumeClaimTemplate {t.metadata.name}: {_readable(t.spec.resources.requests)} "
                          f"retention={sts.spec.persistent_volume_claim_retention_policy.when_deleted}")
     for svc in core.list_namespaced_service(ns, label_selector=sel).items:
         lines.append(f"Service/{svc.metadata.name}: clusterIP={svc.spec.cluster_ip} "

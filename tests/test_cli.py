@@ -54,7 +54,7 @@ def test_impossible_resource_is_refused_with_the_numbers(tmp_path: Path) -> None
     path.write_text(yaml.safe_dump(doc))
     out = cli("size", str(path))
     assert out.returncode == 2
-    assert "SizingInvalid" in out.stderr and "120.0 GiB allocatable" in out.stderr
+    assert "SizingInvalid" in out.stderr and "120Gi allocatable" in out.stderr
     assert "capPerRank" in out.stderr
     assert cli("render", str(path)).stdout == ""
 

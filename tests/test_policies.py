@@ -107,7 +107,7 @@ def test_a_disk_slower_than_budgeted_warns_and_budgets_the_flush_with_the_measur
     assert slow.layout.drain.grace_seconds > spec_rate.layout.drain.grace_seconds
     p = plan(offline_meta(doc), doc["spec"], measured_write_rate=100 << 20)
     warn = [x for x in p.problems if x.reason == "DiskSlowerThanBudgeted"]
-    assert warn and not warn[0].blocking and warn[0].condition == "DiskWriteRate" and "100 MiB/s" in warn[0].message
+    assert warn and not warn[0].blocking and warn[0].condition == "DiskWriteRate" and "100Mi/s" in warn[0].message
     assert p.cache.measured_write_bytes_per_second == 100 << 20
     assert p.cache.flush_seconds == slow.layout.drain.flush_seconds
     fast = plan(offline_meta(doc), doc["spec"], measured_write_rate=10 * spec_rate.write_rate)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .units import to_bytes
+from .units import binary, to_bytes
 
 Obj = dict[str, Any]
 Kind = Literal["none", "grow", "shrink", "recreate", "class"]
@@ -40,15 +40,6 @@ class DiskChange:
     @property
     def refused(self) -> bool:
         return self.kind in ("shrink", "class")
-
-
-def _human(quantity: str) -> str:
-    """`644245094400` as `600Gi` (what the admin wrote), other values unchanged."""
-    n = to_bytes(quantity)
-    for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20)):
-        if n >= size and n % size == 0:
-            return f"{int(n // size)}{unit}"
-    return quantity
 
 
 def _claim(sts: Obj | None) -> Obj | None:
@@ -91,12 +82,12 @@ def classify(live: Obj | None, desired: Obj) -> DiskChange:
     old_bytes, new_bytes = to_bytes(_storage(old)), to_bytes(_storage(new))
     if new_bytes < old_bytes:
         return DiskChange("shrink", "DiskShrinkRefused",
-                          f"hicache.disk.size asks for {_human(_storage(new))} per volume but the cache volumes have "
-                          f"{_human(_storage(old))}: a volume cannot shrink; set hicache.disk.size to at least "
-                          f"{_human(_storage(old))} (or lower capPerRank to use less of it)")
+                          f"hicache.disk.size asks for {binary(_storage(new))} per volume but the cache volumes have "
+                          f"{binary(_storage(old))}: a volume cannot shrink; set hicache.disk.size to at least "
+                          f"{binary(_storage(old))} (or lower capPerRank to use less of it)")
     if new_bytes > old_bytes:
         return DiskChange("grow", "DiskExpanding",
-                          f"growing the cache volumes from {_human(_storage(old))} to {_human(_storage(new))} in place "
+                          f"growing the cache volumes from {binary(_storage(old))} to {binary(_storage(new))} in place "
                           "(pods keep running)", size=_storage(new))
     if _comparable(old) != _comparable(new):
         return DiskChange("recreate", "DiskTemplateChanged", "the cache volume template changed: re-creating the "

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import launch, runtime_flags
+from . import launch, runtime_flags, units
 from .derive import Derived
 from .geometry import Geometry
 from .spec import QwenHiCacheServerSpec
@@ -148,8 +148,9 @@ def disk_slower_than_budgeted(d: Derived) -> Problem | None:
         return None
     return Problem(
         "DiskSlowerThanBudgeted",
-        f"the disk tier wrote at {d.measured_write_rate / 2**20:.0f} MiB/s on the pods the last rollout replaced, "
-        f"below hicache.disk.writeBytesPerSecond ({d.write_rate / 2**20:.0f} MiB/s): the flush budget now assumes "
+        f"the disk tier wrote at {units.binary(d.measured_write_rate, down=True)}/s on the pods the last rollout "
+        "replaced, "
+        f"below hicache.disk.writeBytesPerSecond ({units.binary(d.write_rate)}/s): the flush budget now assumes "
         f"the measured rate (flush {d.layout.drain.flush_seconds} s, grace {d.layout.drain.grace_seconds} s, for "
         "pods started from now on); set writeBytesPerSecond to what the disk sustains or use a faster volume",
         blocking=False,

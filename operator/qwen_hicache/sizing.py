@@ -413,7 +413,7 @@ def memory_terms(tp: int, host: HostPools, g: Geometry, shm: int) -> list[Term]:
         Term(
             "hostPools",
             tp * host.total_bytes,
-            f"{tp} rank(s) x {host.total_bytes:,} B of pinned HiCache host pools (KV + QSA index + Mamba)",
+            f"{tp} rank(s) x {units.binary(host.total_bytes)} of pinned HiCache host pools (KV + QSA index + Mamba)",
         ),
         Term(
             "runtimeReserve",
@@ -432,13 +432,13 @@ def memory_terms(tp: int, host: HostPools, g: Geometry, shm: int) -> list[Term]:
         Term(
             "processes",
             tp * PROCESS_BYTES_PER_RANK + PROCESS_BYTES_PER_POD,
-            f"{tp} TP worker(s) x {PROCESS_BYTES_PER_RANK // GIB} GiB (CUDA context, NCCL, Python) + "
-            f"{PROCESS_BYTES_PER_POD // GIB} GiB tokenizer/detokenizer/HTTP",
+            f"{tp} TP worker(s) x {units.binary(PROCESS_BYTES_PER_RANK)} (CUDA context, NCCL, Python) + "
+            f"{units.binary(PROCESS_BYTES_PER_POD)} tokenizer/detokenizer/HTTP",
         ),
         Term(
             "staging",
             tp * STAGING_BYTES_PER_RANK,
-            f"{tp} x {STAGING_BYTES_PER_RANK // GIB} GiB weight-loading and HiCache IO staging buffers",
+            f"{tp} x {units.binary(STAGING_BYTES_PER_RANK)} weight-loading and HiCache IO staging buffers",
         ),
         Term("shm", shm, "the memory-backed /dev/shm emptyDir counts against the pod's memory limit"),
     ]
@@ -505,14 +505,15 @@ def size_disk(spec: QwenHiCacheServerSpec, min_cap: int) -> Disk:
     problems = []
     if cap > fits:
         problems.append(
-            f"disk cap larger than the volume: capPerRank {cap:,} B x {tp} rank(s) = {cap * tp:,} B exceeds "
-            f"{volume:,} B x {float(usable):.0%} usable = {math.floor(volume * usable):,} B; "
-            f"lower capPerRank to {fits:,} B or raise hicache.disk.size to {_volume_for(cap, tp) // GIB}Gi"
+            f"disk cap larger than the volume: capPerRank {units.binary(cap)} x {tp} rank(s) = "
+            f"{units.binary(cap * tp)} exceeds {units.binary(volume, down=True)} x {float(usable):.0%} usable = "
+            f"{units.binary(volume * usable, down=True)}; lower capPerRank to {units.binary(fits, down=True)} or raise "
+            f"hicache.disk.size to {units.binary(_volume_for(cap, tp))}"
         )
     if cap < min_cap:
         problems.append(
-            f"disk cap leaves no room: {cap:,} B per rank cannot hold one page of KV, index and Mamba state "
-            f"({min_cap:,} B); raise hicache.disk.size (or capPerRank)"
+            f"disk cap leaves no room: {units.binary(cap, down=True)} per rank cannot hold one page of KV, index "
+            f"and Mamba state ({units.binary(min_cap)}); raise hicache.disk.size (or capPerRank)"
         )
     return Disk(cap, volume, tuple(problems))
 
@@ -641,22 +642,19 @@ def check_fit(sizing: Sizing, node_allocatable_bytes: int | None) -> list[str]:
     per_rank_gb = math.floor(room * share / GB) if room > 0 else 0
     fix = (
         f"lower hicache.hostMemoryPerRankGB to {per_rank_gb} or less, or use nodes with at least "
-        f"{_gib(sizing.pod_memory_limit_bytes)} allocatable"
+        f"{units.binary(sizing.pod_memory_limit_bytes)} allocatable"
         if per_rank_gb >= 1
-        else f"use nodes with at least {_gib(sizing.pod_memory_limit_bytes)} allocatable memory (lowering "
+        else f"use nodes with at least {units.binary(sizing.pod_memory_limit_bytes)} allocatable memory (lowering "
         f"hicache.hostMemoryPerRankGB cannot make it fit: the other terms alone need "
-        f"{_gib(math.ceil(fixed * (1 + MARGIN_FRACTION)))})"
+        f"{units.binary(math.ceil(fixed * (1 + MARGIN_FRACTION)))})"
     )
     return [
-        f"pod needs {_gib(sizing.pod_memory_limit_bytes)} memory "
-        f"({tp} x {_gib(sizing.host.total_bytes)} host pools + {_gib(pools - tp * sizing.host.total_bytes)} "
-        f"for the per-rank budget check + {_gib(fixed)} reserve, processes, PLE table and shm + margin) but "
-        f"the node has {_gib(node_allocatable_bytes)} allocatable: {fix}"
+        f"pod needs {units.binary(sizing.pod_memory_limit_bytes)} memory "
+        f"({tp} x {units.binary(sizing.host.total_bytes)} host pools + "
+        f"{units.binary(pools - tp * sizing.host.total_bytes)} "
+        f"for the per-rank budget check + {units.binary(fixed)} reserve, processes, PLE table and shm + margin) but "
+        f"the node has {units.binary(node_allocatable_bytes, down=True)} allocatable: {fix}"
     ]
-
-
-def _gib(n: int) -> str:
-    return f"{n / GIB:,.1f} GiB"
 
 
 def resolve_kv_dtype(requested: str, g: Geometry) -> str:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import status_model
-
-GIB = 1 << 30
+from . import status_model, units
 
 _ROWS: tuple[tuple[str, str, str], ...] = (
     ("kvBytesPerToken", "B", "host KV per token: K+V dims x KV heads/rank x (attn + 1 MTP draft layer) x dtype"),
@@ -37,8 +35,8 @@ _ROWS: tuple[tuple[str, str, str], ...] = (
 def _fmt(value: Any, unit: str) -> str:
     if value is None:
         return "-"
-    if unit == "B" and isinstance(value, int) and value >= GIB // 16:
-        return f"{value:,} B ({value / GIB:,.2f} GiB)"
+    if unit == "B" and isinstance(value, int):
+        return units.binary(value)  # exact integers stay in `-o json` and the status
     if isinstance(value, int):
         return f"{value:,} {unit}".rstrip()
     return f"{value} {unit}".rstrip()

@@ -44,15 +44,16 @@ def same_quantity(a: str, b: str) -> bool:
     return qa is not None and qb is not None and qa == qb
 
 
-def binary(n: int | float) -> str:
-    """Bytes for people: `168Gi`, `600Gi`, `1.5Ti`, `512Mi`, `100B` (at most one decimal, rounded up so a
-    requirement is never understated)."""
-    n = int(math.ceil(n))
+def binary(n: int | float | str, down: bool = False) -> str:
+    """Bytes (or a quantity) for people: `168Gi`, `600Gi`, `1.5Ti`, `512Mi`, `100B`: at most one decimal, rounded
+    up so a requirement is never understated (`down` for a limit, so it is never overstated)."""
+    n = to_bytes(n) if isinstance(n, str) else int(math.ceil(n))
+    rnd = math.floor if down else math.ceil
     for suffix, size in _BINARY:
         if n >= size:
             whole, rest = divmod(n, size)
             if not rest:
                 return f"{whole}{suffix}"
-            tenths = math.ceil(n * 10 / size)
+            tenths = rnd(n * 10 / size)
             return f"{tenths // 10}{suffix}" if tenths % 10 == 0 else f"{tenths / 10:.1f}{suffix}"
     return f"{n}B"

@@ -24,6 +24,7 @@ from .gather import Live
 from .kube import API_ERRORS, KubeClient
 from .plan import Plan
 from .status_model import Restart
+from .units import binary
 
 Obj = dict[str, Any]
 EventSink = Any
@@ -213,7 +214,7 @@ def _expand_claims(kube: KubeClient, meta: Obj, claims: list[Obj], size: str) ->
             kube.resize_claim(meta["namespace"], name, size)
         except API_ERRORS as err:
             detail = getattr(err, "summary", lambda: "")() or getattr(err, "body", "") or str(err)
-            return (f"hicache.disk.size grew to {size}, but cache volume {name} cannot be expanded: {detail}; "
+            return (f"hicache.disk.size grew to {binary(size)}, but cache volume {name} cannot be expanded: {detail}; "
                     "use a StorageClass with allowVolumeExpansion: true, or set hicache.disk.size back")
     return None
 
