@@ -148,9 +148,12 @@ def converged(api: client.ApiClient, nodes: int = 1) -> int:
             label_selector=MANAGED).items}  # fmt: skip
     svc = {(s.metadata.namespace, s.metadata.name) for s in core.list_service_for_all_namespaces(
         label_selector=MANAGED).items}  # fmt: skip
+    # LWS's StatefulSets label a group's claims with the LWS's name only, never with the claim template's labels.
+    owner, claims = (("leaderworkerset.sigs.k8s.io/name", "leaderworkerset.sigs.k8s.io/name") if nodes > 1
+                     else ("app.kubernetes.io/instance", MANAGED))  # fmt: skip
     annotated: dict[tuple[str, str], int] = collections.Counter(
-        (c.metadata.namespace, c.metadata.labels.get("app.kubernetes.io/instance", ""))
-        for c in core.list_persistent_volume_claim_for_all_namespaces(label_selector=MANAGED).items
+        (c.metadata.namespace, c.metadata.labels.get(owner, ""))
+        for c in core.list_persistent_volume_claim_for_all_namespaces(label_selector=claims).items
         if FINGERPRINT in (c.metadata.annotations or {}))
     done = 0
     for obj in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]:

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from fakekube import FakeKube
 from qwen_hicache import reconciler, render_lws
-from qwen_hicache.constants import labels as server_labels
 from qwen_hicache.constants import selector
 from qwen_hicache.spec import KIND
 from test_reconciler import NAME, NOW, NS, Runtime, server
@@ -19,7 +18,7 @@ from test_reconciler import runtime as runtime  # noqa: F401 - the fixture
 pytestmark = pytest.mark.fake
 SIZE, REPLICAS = 2, 2
 POD_SEL = f"app.kubernetes.io/instance={NAME}"
-SERVER_SEL = ",".join(f"{k}={v}" for k, v in sorted(selector(NAME).items()))
+CLAIM_SEL = f"{render_lws.LWS_NAME_LABEL}={NAME}"
 OWNED_SEL = f"app.kubernetes.io/instance={NAME},app.kubernetes.io/managed-by=qwen-hicache-operator"
 LEADERS = {f"{NAME}-{g}" for g in range(REPLICAS)}
 
@@ -80,9 +79,11 @@ class Groups:
     def pod(self, g: int, w: int, template: dict, ready: bool = True, created: str = NOW[0]) -> None:
         self.born += 1
         name = f"{NAME}-{g}" + (f"-{w}" if w else "")
-        claim = f"hicache-{name}"
+        # As LWS v0.9.0's StatefulSets label a group's claims: the LWS's name and indexes, not the template's labels.
+        index = {render_lws.GROUP_INDEX_LABEL: str(g)} if w else {render_lws.WORKER_INDEX_LABEL: "0"}
         self.kube.put({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                       "metadata": {"name": claim, "namespace": NS, "labels": server_labels(NAME)},
+                       "metadata": {"name": f"hicache-{name}", "namespace": NS,
+                                    "labels": {render_lws.LWS_NAME_LABEL: NAME, **index}},
                        "spec": {"resources": {"requests": {"storage": "1"}}}})  # fmt: skip
         labels = {**template["metadata"]["labels"], render_lws.GROUP_INDEX_LABEL: str(g),
                   render_lws.WORKER_INDEX_LABEL: str(w), render_lws.LWS_NAME_LABEL: NAME}  # fmt: skip
@@ -126,12 +127,16 @@ def test_a_converged_groups_resync_writes_nothing_and_reports_each_group(runtime
     assert world.kube.writes == [] and not outcome.applied
     assert world.kube.reads == [
         ("get", KIND, NAME), ("list", "Node"), ("list", "Service", OWNED_SEL), ("get", "LeaderWorkerSet", NAME),
-        ("get", "PodDisruptionBudget", NAME), ("list", "PersistentVolumeClaim", SERVER_SEL), ("list", "Pod", POD_SEL)]
+        ("get", "PodDisruptionBudget", NAME), ("list", "PersistentVolumeClaim", CLAIM_SEL), ("list", "Pod", POD_SEL)]
     status = world.status()
     assert world.condition("Ready")["status"] == "True" and status["replicasSummary"] == "2/2"
     assert [(g["group"], g["leader"], g["readyNodes"]) for g in status["groups"]] == [
         (0, f"{NAME}-0", 2), (1, f"{NAME}-1", 2)]
     assert [n["pod"] for n in status["groups"][1]["nodes"]] == [f"{NAME}-1", f"{NAME}-1-1"]
+    claims = [o for (k, _, _), o in world.kube.objects.items() if k == "PersistentVolumeClaim"]
+    assert len(claims) == REPLICAS * SIZE  # every node's claim records the cache namespace it holds
+    assert all(c["metadata"]["annotations"]["qwenhicache.io/fingerprint"] == status["cache"]["fingerprint"]
+               for c in claims)  # fmt: skip
 
 
 def test_a_restart_applies_the_new_template_holding_every_group_then_releases_the_highest(runtime: Runtime) -> None:

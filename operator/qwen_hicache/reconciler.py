@@ -98,7 +98,7 @@ def _converge(kube: KubeClient, body: Obj, old: sm.QwenHiCacheServerStatus, p: P
     live = gather.children(kube, meta, _refs(p, meta), first=not old.model_fields_set,
                            always=frozenset({workload.kind}))
     disk = p.spec.hicache.disk
-    claims = gather.claims(kube, meta) if disk.enabled else []
+    claims = workload.claims(kube, meta) if disk.enabled else []
     p = workload.disk_step(kube, live, body, p, claims, post_event, outcome.applied)
     if p.blocked:
         return p, Observed()

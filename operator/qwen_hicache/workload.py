@@ -38,6 +38,7 @@ class Workload(Protocol):
     api_version: str
 
     def desired(self, p: Plan) -> Obj | None: ...
+    def claims(self, kube: KubeClient, meta: Obj) -> list[Obj]: ...
     def disk_step(self, kube: KubeClient, live: Live, body: Obj, p: Plan, claims: list[Obj], post_event: EventSink,
                   applied: list[str]) -> Plan: ...  # fmt: skip
     def views(self, pods: list[Obj]) -> list[rollout.PodView]: ...
@@ -60,6 +61,10 @@ class ServingSet:
     def desired(self, p: Plan) -> Obj | None:
         name = p.meta.get("name")
         return next((o for o in p.children if o["kind"] == self.kind and o["metadata"]["name"] == name), None)
+
+    def claims(self, kube: KubeClient, meta: Obj) -> list[Obj]:
+        """The set's volume claims (labelled like its pods)."""
+        return gather.claims(kube, meta)
 
     def disk_step(self, kube: KubeClient, live: Live, body: Obj, p: Plan, claims: list[Obj], post_event: EventSink,
                   applied: list[str]) -> Plan:  # fmt: skip
@@ -117,6 +122,11 @@ class GroupSet:
 
     def desired(self, p: Plan) -> Obj | None:
         return next((o for o in p.children if o["kind"] == self.kind and o["metadata"]["name"] == self.name), None)
+
+    def claims(self, kube: KubeClient, meta: Obj) -> list[Obj]:
+        """The groups' volume claims: LWS's StatefulSets label them with the LWS's name and indexes only, never
+        with the claim template's labels (measured on LWS v0.9.0), so they are listed by the LWS name."""
+        return kube.list("v1", "PersistentVolumeClaim", meta["namespace"], {render_lws.LWS_NAME_LABEL: self.name})
 
     def partition(self, current: Obj | None, target: str) -> int:
         """The partition to apply now. The rollout's, once it runs for this target; a template that changes the

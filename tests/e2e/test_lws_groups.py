@@ -146,6 +146,11 @@ def test_groups_converge_roll_warm_one_at_a_time_and_a_lost_worker_volume_pauses
     noop = reconciler.reconcile(Kube(kube_api), {"metadata": {"namespace": namespace, "name": NAME}},
                                 lambda *event: None)  # fmt: skip
     assert not noop.applied and not noop.status_written and not noop.error, noop
+    claims = core.list_namespaced_persistent_volume_claim(namespace).items
+    fingerprints = {c.metadata.name: (c.metadata.annotations or {}).get("qwenhicache.io/fingerprint") for c in claims
+                    if c.metadata.name.startswith("hicache-")}  # fmt: skip
+    assert fingerprints == {f"hicache-{NAME}-{g}{w}": obj["status"]["cache"]["fingerprint"]
+                            for g in range(REPLICAS) for w in ("", "-1")}, fingerprints  # fmt: skip
     _traffic(core, namespace)
     before = _uids(core, namespace)
     assert sorted(before) == [f"{NAME}-0", f"{NAME}-0-1", f"{NAME}-1", f"{NAME}-1-1"]
