@@ -77,8 +77,14 @@ def _phase(custom: client.CustomObjectsApi, ns: str, restart: str, *phases: str)
     return obj if rs.get("phase") in phases and rs.get("id", "").endswith(restart) else None
 
 
-def _up(custom: client.CustomObjectsApi, ns: str) -> dict:
+def _up(custom: client.CustomObjectsApi, ns: str, **changes: Any) -> dict:
     doc = _doc()
+    for path, value in changes.items():
+        *parents, leaf = path.split(".")
+        node = doc["spec"]
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
     doc["metadata"]["namespace"] = ns
     custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, doc)
     return eventually(lambda: _ready(custom, ns), timeout=TIMEOUT)
@@ -237,6 +243,22 @@ def test_a_sigkilled_operator_resumes_the_group_rollout_restarting_no_pod_twice(
     assert all(r["warm"] for r in rs["results"]), rs["results"]
     for name in (f"{NAME}-0", f"{NAME}-0-1", f"{NAME}-1", f"{NAME}-1-1"):
         assert sim.record(namespace, name).incarnations == 2, (name, sim.record(namespace, name).events)
+
+
+def test_retention_delete_takes_every_groups_claims_with_the_server(
+        operator: None, groups: Any, custom: client.CustomObjectsApi, namespace: str) -> None:  # fmt: skip
+    sim, core = groups
+    _up(custom, namespace, **{"hicache.disk.retention": "Delete"})
+
+    def cache_claims() -> dict[str, list]:
+        return {c.metadata.name: c.metadata.owner_references or [] for c in
+                core.list_namespaced_persistent_volume_claim(namespace).items if c.metadata.name.startswith("hicache-")}
+
+    owned = eventually(lambda: (c := cache_claims()) and len(c) == REPLICAS * SIZE and all(
+        any(r.kind == "QwenHiCacheServer" for r in refs) for refs in c.values()) and c, timeout=60)
+    assert sorted(owned) == [f"hicache-{NAME}-0", f"hicache-{NAME}-0-1", f"hicache-{NAME}-1", f"hicache-{NAME}-1-1"]
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, NAME)
+    eventually(lambda: not cache_claims(), timeout=180, interval=1)  # the garbage collector took every node's
 
 
 @pytest.mark.parametrize(("before", "after"), [(None, 2), (2, 1), (2, 4)])
