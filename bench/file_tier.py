@@ -102,23 +102,29 @@ def one_run(
     startup_files: int,
     parallel: bool,
 ) -> dict[str, dict]:
-    """Every pattern once on one tree: {pattern: {"write_Bps", "read_Bps"}} (+ "startup")."""
+    """Every pattern once on one tree: {pattern: {"write_Bps", "read_Bps"}} (+ "startup").
+
+    `parallel` (smoke: nothing is measured): every process at once, and the single-pattern process is rank 0
+    of the concurrent pattern too (one interpreter fewer: each one's sglang import is most of the smoke's CPU)."""
     base = {"parent_sync": True, "startup_files": startup_files}
     single = {**base, "geometry": geometry, "patterns": [{"name": n, **p} for n, p in patterns.items()]}
     label, n, pattern = ranks
     rank_specs = [{**base, "startup_files": 0, "geometry": rank_geometry,
                    "patterns": [{"name": label, "rank": r, "ranks": n, **pattern}]} for r in range(n)]  # fmt: skip
-    procs = [launch(tree, work, single)]
-    if not parallel:
-        rows = collect(procs.pop(), tree.name)
-    rank_procs = [launch(tree, work, s) for s in rank_specs]
-    rows = [r for p in procs for r in collect(p, tree.name)] if parallel else rows
-    rank_rows = [r for p in rank_procs for r in collect(p, f"{tree.name} {label}")]
+    if parallel:
+        single["patterns"] += rank_specs.pop(0)["patterns"]
+        procs = [launch(tree, work, single)] + [launch(tree, work, s) for s in rank_specs]
+        rows = [r for p in procs for r in collect(p, tree.name)]
+    else:
+        rows = collect(launch(tree, work, single), tree.name)
+        rank_procs = [launch(tree, work, s) for s in rank_specs]
+        rows += [r for p in rank_procs for r in collect(p, f"{tree.name} {label}")]
+    rank_rows = [r for r in rows if r["name"] == label]
     results = {}
     for r in rows:
         if r["name"] == "startup":
             results["startup"] = r
-        else:
+        elif r["name"] != label:
             results[r["name"]] = {"write_Bps": r["kv_bytes"] / (r["write"][1] - r["write"][0]),
                                   "read_Bps": r["kv_bytes"] / r["read_s"]}  # fmt: skip
     total = sum(r["kv_bytes"] for r in rank_rows)

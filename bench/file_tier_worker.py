@@ -52,6 +52,7 @@ from sglang.srt.mem_cache.device_pool_info import (  # noqa: E402
     MHABufferInfo,
 )
 from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController  # noqa: E402
+from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.qsa import QSAIndexerPoolHost  # noqa: E402
@@ -160,10 +161,14 @@ def pattern(spec: dict) -> dict:
     backend = store(pages_dir, rank, ranks)
     patched = hasattr(backend, "group_commit")
     host_pages = max(ops)
-    kv = kv_host(host_pages)
-    pools = {hs.PoolName.KV: kv}
+    # The pools' own budget (as the runtime probes set it): the machine's free memory, which other jobs share,
+    # must not decide whether a few hundred MiB of pools may be allocated.
+    with host_memory_budget_scope(8 << 30):
+        kv = kv_host(host_pages)
+        pools = {hs.PoolName.KV: kv}
+        if hybrid:
+            pools[hs.PoolName.INDEXER], pools[hs.PoolName.MAMBA] = qsa_host(kv), mamba_host(len(ops))
     if hybrid:
-        pools[hs.PoolName.INDEXER], pools[hs.PoolName.MAMBA] = qsa_host(kv), mamba_host(len(ops))
         for name in (hs.PoolName.INDEXER, hs.PoolName.MAMBA):
             backend.register_mem_host_pool_v2(pools[name], name)
     gen = torch.Generator().manual_seed(rank)
