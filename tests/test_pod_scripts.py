@@ -4,12 +4,20 @@ constants the operator renders beside them (ports, marker and file names)."""
 from __future__ import annotations
 
 import ast
+import os
+import socket
 import subprocess
+import sys
+import time
+import urllib.request
 from importlib import resources
+from pathlib import Path
 
 import pytest
 from qwen_hicache import diskusage, podlifecycle, render_lws
 from qwen_hicache.constants import pod_script
+from qwen_hicache.plan import parse_spec
+from resources import variant
 
 FILES = ("cache_guard.sh", "worker_sweep.sh", "prestop.py", "disk_usage.py")
 
@@ -35,3 +43,47 @@ def test_the_scripts_name_the_constants_the_operator_renders_beside_them() -> No
     assert render_lws.WORKER_GUARD_SCRIPT == podlifecycle.GUARD_SCRIPT + render_lws.WORKER_SWEEP
     assert f'os.path.join(ns, "{diskusage.CREATED_FILE}")' in diskusage.SCRIPT
     assert f'int(env.get("QWEN_HICACHE_USAGE_PORT") or {diskusage.PORT})' in diskusage.SCRIPT
+
+
+def _usage_of(tmp_path: Path, env: dict[str, str]) -> diskusage.DiskUsage:
+    """Run the sidecar on loopback over `tmp_path` and parse its first /metrics answer; it is stopped after."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {"PATH": os.environ["PATH"], "QWEN_HICACHE_CACHE_ROOT": str(tmp_path), "QWEN_HICACHE_FINGERPRINT": "fp",
+            "QWEN_HICACHE_USAGE_HOST": "127.0.0.1", "QWEN_HICACHE_USAGE_PORT": str(port)}  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", diskusage.SCRIPT], env={**base, **env})
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    return diskusage.parse(r.read().decode())
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_the_usage_sidecar_counts_and_caps_only_its_own_ranks(tmp_path: Path) -> None:
+    """A node of a multi-node group holds only its own ranks' shards: its cap is its ranks' caps, not the group's."""
+    ns = tmp_path / "fp"
+    ns.mkdir()
+    for rank in range(4):
+        (ns / f"k{rank}_model_{rank}_4.bin").write_bytes(b"x" * 1000 * (rank + 1))
+    caps = {"QWEN_HICACHE_TP_SIZE": "4", "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE": "1000000"}
+    whole = _usage_of(tmp_path, caps)
+    assert (whole.used_bytes, whole.page_files, whole.cap_bytes) == (10000, 4, 4000000)
+    node1 = _usage_of(tmp_path, {**caps, "QWEN_HICACHE_RANKS_PER_POD": "2", "QWEN_HICACHE_NODE_RANK": "1"})
+    assert (node1.used_bytes, node1.page_files, node1.cap_bytes) == (7000, 2, 2000000)
+
+
+def test_group_pods_tell_the_sidecar_their_node_rank() -> None:
+    spec = parse_spec(variant(**{"spec.nodesPerReplica": 2, "spec.runtime.tensorParallelSize": 4})["spec"])
+    env = {e["name"]: e for e in render_lws._node_ranks_env(spec)}
+    assert env["QWEN_HICACHE_RANKS_PER_POD"]["value"] == "2"
+    assert env["QWEN_HICACHE_NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        f"metadata.labels['{render_lws.WORKER_INDEX_LABEL}']"

@@ -467,6 +467,9 @@ def _threshold(probe: Obj | None, which: str) -> int:
 
 def _field_ref(pod: Obj, path: str, ip: str) -> str | None:
     meta = pod["metadata"]
+    keyed = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
+    if keyed:  # the downward API's one-key form, as a kubelet resolves it
+        return (meta.get(keyed.group(1)) or {}).get(keyed.group(2))
     return {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace"),
             "metadata.uid": meta.get("uid"), "spec.nodeName": pod["spec"].get("nodeName"),
             "spec.serviceAccountName": pod["spec"].get("serviceAccountName"), "status.podIP": ip,

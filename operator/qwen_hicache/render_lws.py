@@ -79,7 +79,16 @@ def _leader(template: Obj, spec: QwenHiCacheServerSpec) -> Obj:
     for kind in ("requests", "limits"):
         container["resources"][kind][spec.runtime.gpu_resource_name] = gpus
     container["ports"].append({"name": "dist-init", "containerPort": dist_init_port(spec), "protocol": "TCP"})
+    for usage in (c for c in leader["spec"]["containers"] if c["name"] == "cache-usage"):
+        usage["env"] += _node_ranks_env(spec)
     return leader
+
+
+def _node_ranks_env(spec: QwenHiCacheServerSpec) -> list[Obj]:
+    """The cache-usage sidecar counts and caps only this node's ranks: its volume holds no other shard."""
+    index = f"metadata.labels['{WORKER_INDEX_LABEL}']"
+    return [{"name": "QWEN_HICACHE_RANKS_PER_POD", "value": str(gpus_per_pod(spec))},
+            {"name": "QWEN_HICACHE_NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": index}}}]  # fmt: skip
 
 
 def _worker(leader: Obj) -> Obj:

@@ -141,6 +141,12 @@ def test_groups_converge_roll_warm_one_at_a_time_and_a_lost_worker_volume_pauses
                                   if g["readyNodes"] == SIZE] or None, timeout=60)  # fmt: skip
     assert [(g["group"], g["leader"], [n["pod"] for n in g["nodes"]]) for g in entries] == [
         (0, f"{NAME}-0", [f"{NAME}-0", f"{NAME}-0-1"]), (1, f"{NAME}-1", [f"{NAME}-1", f"{NAME}-1-1"])]
+    # Each node's sidecar caps only its own ranks (the group's TP size / nodes), never the whole group's.
+    ranks_per_node = obj["spec"]["runtime"]["tensorParallelSize"] // SIZE
+    per_rank = obj["status"]["sizing"]["diskCapBytesPerRank"]
+    caps = eventually(lambda: [n.get("diskCapBytes") for g in get_server(custom, namespace, NAME)["status"]["groups"]
+                               for n in g["nodes"] if n.get("diskCapBytes")] or None, timeout=90)  # fmt: skip
+    assert caps and set(caps) == {per_rank * ranks_per_node}, (caps, per_rank, ranks_per_node)
     lws = _lws(custom, namespace)
     assert lws["metadata"]["ownerReferences"][0]["kind"] == "QwenHiCacheServer"
     assert render_lws.partition_in(lws) == 0 and lws["status"]["readyReplicas"] == REPLICAS

@@ -6,6 +6,9 @@ env = os.environ
 root, fp = env["QWEN_HICACHE_CACHE_ROOT"], env["QWEN_HICACHE_FINGERPRINT"]
 tp, cap = int(env.get("QWEN_HICACHE_TP_SIZE") or 1), int(env.get("SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE") or 0)
 interval = float(env.get("QWEN_HICACHE_USAGE_INTERVAL") or 30)
+# The TP ranks whose shards live on this pod's volume: all of them, or one node's share of a multi-node group.
+per_pod = int(env.get("QWEN_HICACHE_RANKS_PER_POD") or tp)
+first = int(env.get("QWEN_HICACHE_NODE_RANK") or 0) * per_pod
 rank_of = re.compile(r"_(\d+)_%d\.bin$" % tp)
 ns = os.path.join(root, fp)
 snapshot = [b""]
@@ -36,7 +39,8 @@ def created():
 
 def scan():
     t0 = time.time()
-    used, files = {str(r): 0 for r in range(tp)}, {str(r): 0 for r in range(tp)}
+    ranks = range(first, first + per_pod)
+    used, files = {str(r): 0 for r in ranks}, {str(r): 0 for r in ranks}
     try:
         entries = list(os.scandir(ns))
     except OSError:
