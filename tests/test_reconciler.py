@@ -63,23 +63,29 @@ def runtime(monkeypatch: pytest.MonkeyPatch) -> Runtime:
     return rt
 
 
-def server(**spec_changes: Any) -> dict:
-    doc = example()
-    doc["metadata"] = {"name": NAME, "namespace": NS, "uid": "uid-srv", "generation": 1}
-    for path, value in spec_changes.items():
+def set_spec(doc: dict, changes: dict[str, Any]) -> None:
+    """Set dotted spec paths (`"hicache.disk.size"`) on `doc`."""
+    for path, value in changes.items():
         *parents, leaf = path.split(".")
         node = doc["spec"]
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
+
+
+def server(**spec_changes: Any) -> dict:
+    doc = example()
+    doc["metadata"] = {"name": NAME, "namespace": NS, "uid": "uid-srv", "generation": 1}
+    set_spec(doc, spec_changes)
     return doc
 
 
 class World:
     """The fake API server with one QwenHiCacheServer, and what the cluster's own controllers would do."""
 
-    def __init__(self, runtime: Runtime, doc: dict | None = None) -> None:
-        self.kube, self.runtime, self.events = FakeKube(server() if doc is None else doc), runtime, []
+    def __init__(self, runtime: Runtime, doc: dict | None = None, nodes: list[dict] | None = None) -> None:
+        doc = server() if doc is None else doc
+        self.kube, self.runtime, self.events = FakeKube(doc, nodes=nodes), runtime, []
         self.born = 0
         """Pod incarnations made so far (each gets its own uid)."""
 
@@ -90,12 +96,7 @@ class World:
 
     def edit(self, **spec_changes: Any) -> None:
         obj = self.kube.server()
-        for path, value in spec_changes.items():
-            *parents, leaf = path.split(".")
-            node = obj["spec"]
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[leaf] = value
+        set_spec(obj, spec_changes)
         obj["metadata"]["generation"] += 1
 
     def statefulset_controller(self, ready: bool = True) -> None:

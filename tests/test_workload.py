@@ -8,11 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from fakekube import FakeKube
-from qwen_hicache import reconciler, render_lws
+from qwen_hicache import render_lws
 from qwen_hicache.constants import selector
 from qwen_hicache.spec import KIND
-from test_reconciler import NAME, NOW, NS, Runtime, server
+from test_reconciler import NAME, NOW, NS, Runtime, World, server
 from test_reconciler import runtime as runtime  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.fake
@@ -28,27 +27,11 @@ def gpu_node(gpus: int) -> dict:
             "status": {"allocatable": {"memory": "2000Gi", "nvidia.com/gpu": str(gpus)}}}  # fmt: skip
 
 
-class Groups:
+class Groups(World):
     """The fake API server with one multi-node server, and what LWS and its StatefulSets would do."""
 
     def __init__(self, runtime: Runtime, nodes: list[dict] | None = None, **spec: Any) -> None:
-        doc = server(nodesPerReplica=SIZE, **{"router.enabled": False, **spec})
-        self.kube, self.runtime, self.events, self.born = FakeKube(doc, nodes=nodes), runtime, [], 0
-
-    def reconcile(self, minute: int = 0) -> reconciler.Outcome:
-        self.kube.reset()
-        return reconciler.reconcile(self.kube, {"metadata": {"namespace": NS, "name": NAME}},
-                                    lambda body, kind, reason, msg: self.events.append((kind, reason)), NOW[minute])
-
-    def edit(self, **changes: Any) -> None:
-        obj = self.kube.server()
-        for path, value in changes.items():
-            *parents, leaf = path.split(".")
-            node = obj["spec"]
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[leaf] = value
-        obj["metadata"]["generation"] += 1
+        super().__init__(runtime, server(nodesPerReplica=SIZE, **{"router.enabled": False, **spec}), nodes)
 
     def lws(self) -> dict:
         return self.kube.find("LeaderWorkerSet", NAME)
