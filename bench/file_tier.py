@@ -76,14 +76,22 @@ def trees() -> dict[str, Path]:
 
 
 def launch(tree: Path, work: Path, spec: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(WORKER), str(tree), str(work), json.dumps(spec)],
+    proc = subprocess.Popen([sys.executable, str(WORKER), str(tree), str(work), json.dumps(spec)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})  # fmt: skip
+    LAUNCHED.append(proc)
+    return proc
+
+
+LAUNCHED: list[subprocess.Popen] = []
 
 
 def collect(proc: subprocess.Popen, what: str) -> list[dict]:
     out, err = proc.communicate()
     if proc.returncode:
+        for other in LAUNCHED:  # its sibling ranks would wait for it at their barrier
+            if other.poll() is None:
+                other.kill()
         raise SystemExit(f"{what}: worker failed\n{err[-3000:]}")
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     for r in rows:

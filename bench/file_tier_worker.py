@@ -58,6 +58,7 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E40
 from sglang.srt.mem_cache.pool_host.qsa import QSAIndexerPoolHost  # noqa: E402
 
 PAGE = 64
+BARRIER_SECONDS = 600
 CHUNK = 128  # the controllers' STORAGE_BATCH_SIZE: prefetch reads in the same batches
 G = SPEC["geometry"]  # layers, heads, dim (KV); mamba_layers, mamba_heads, mamba_dim; index_layers, index_width
 
@@ -149,7 +150,10 @@ def wait_for(t: float) -> None:
 def barrier(work: Path, name: str, rank: int, ranks: int) -> None:
     """All ranks of a concurrent pattern reach `name` before any goes on (files in the shared work dir)."""
     (work / f".{name}-{rank}").touch()
+    deadline = time.monotonic() + BARRIER_SECONDS
     while sum((work / f".{name}-{r}").exists() for r in range(ranks)) < ranks:
+        if time.monotonic() > deadline:  # a sibling died: never wait (and hold its memory) forever
+            raise SystemExit(f"rank {rank}: the other ranks did not reach {name!r} in {BARRIER_SECONDS} s")
         time.sleep(0.01)
 
 
