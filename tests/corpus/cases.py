@@ -160,6 +160,13 @@ SCHEMA = [
     # the rest
     api("replicas-negative", "replicas", **{"spec.replicas": -1}),
     api("replicas-65", "replicas", **{"spec.replicas": 65}),
+    api("nodes-zero", "nodesPerReplica", **{"spec.nodesPerReplica": 0}),
+    api("nodes-17", "nodesPerReplica", **{"spec.nodesPerReplica": 17}),
+    api("nodes-string", "nodesPerReplica", **{"spec.nodesPerReplica": "2"}),
+    api("nodes-indivisible", "must be divisible by nodesPerReplica",
+        **{"spec.nodesPerReplica": 3, f"{R}.tensorParallelSize": 4}),
+    api("nodes-above-tp", "must be divisible by nodesPerReplica",
+        **{"spec.nodesPerReplica": 4, f"{R}.tensorParallelSize": 2}),
     api("restart-long", "restart", **{"spec.restart": "r" * 200}),
     api("max-unavailable-zero", "maxUnavailable", **{"spec.rollout.maxUnavailable": 0}),
     api("pod-timeout-10", "podTimeoutSeconds", **{"spec.rollout.podTimeoutSeconds": 10}),
