@@ -26,6 +26,7 @@ from qwen_hicache.spec import GROUP, PLURAL, VERSION
 from resources import variant
 
 from harness.sim.cluster import SimCluster
+from harness.sim.node import NodeShape
 
 pytestmark = pytest.mark.integration
 NAME, SIZE, REPLICAS = "flash-next", 2, 2
@@ -281,3 +282,26 @@ def test_nodes_per_replica_cannot_change_on_an_existing_server(crd: None, custom
     assert err.value.status == 422 and "nodesPerReplica cannot change on an existing server" in err.value.body
     stored = get_server(custom, namespace, NAME)["spec"].get("nodesPerReplica")
     assert stored == before  # nothing half-applied
+
+
+def test_a_group_no_node_can_hold_is_refused_with_nothing_applied(
+        operator: None, kube_api: client.ApiClient, custom: client.CustomObjectsApi, namespace: str,
+        tmp_path: Path) -> None:  # fmt: skip
+    """Each pod of a group needs tensorParallelSize / nodesPerReplica GPUs on one node: with only 2-GPU nodes
+    selected, a TP 8 x 2-node server is refused by name (SizingValid=False) and no LeaderWorkerSet is made."""
+    pool = {"nvidia.com/gpu.present": "true", "qwenhicache.io/test-pool": namespace[-6:]}
+    with SimCluster(kube_api, tmp_path / "volumes", namespace, nodes=2, shape=NodeShape(gpus=2, labels=pool)):
+        doc = variant(**{"spec.nodesPerReplica": 2, "spec.runtime.tensorParallelSize": 8,
+                         "spec.runtime.nodeSelector": pool, "spec.router": {"enabled": False}})  # fmt: skip
+        doc["metadata"]["namespace"] = namespace
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, doc)
+
+        def refused() -> dict | None:
+            c = condition(get_server(custom, namespace, NAME), "SizingValid") or {}
+            return c if c.get("status") == "False" else None
+
+        c = eventually(refused, timeout=60)
+        assert c["reason"] == "SizingInvalid" and "needs 4 GPUs" in c["message"] and "has 2" in c["message"], c
+        with pytest.raises(ApiException) as err:
+            _lws(custom, namespace)
+        assert err.value.status == 404  # nothing of the group applied
