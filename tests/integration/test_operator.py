@@ -198,7 +198,7 @@ def test_pod_that_cannot_fit_the_matching_nodes_is_refused(
         _create(custom, namespace, example())
         obj = eventually(lambda: _observed(custom, namespace))
         sizing = condition(obj, "SizingValid")
-        assert sizing["status"] == "False" and "100.0 GiB allocatable" in sizing["message"]
+        assert sizing["status"] == "False" and "100Gi allocatable" in sizing["message"]
         assert "hostMemoryPerRankGB" in sizing["message"]
         assert condition(obj, "Degraded")["status"] == "True"
         with pytest.raises(ApiException):
