@@ -32,9 +32,16 @@ env = {k: v for k, v in os.environ.items() if k.startswith("LWS_")}
 seen = sorted(os.listdir("/cache"))
 open(f"/cache/boot.{os.environ['HOSTNAME']}.{len(seen)}", "w").close()
 if env["LWS_WORKER_INDEX"] != "0":
-    ip = socket.gethostbyname(env["LWS_LEADER_ADDRESS"])
+    # The leader may still be starting (LeaderCreated): wait for it, as a rendezvous does, instead of exiting,
+    # which RecreateGroupOnPodRestart would answer by recreating the whole group again.
+    for attempt in range(600):
+        try:
+            ip = socket.gethostbyname(env["LWS_LEADER_ADDRESS"])
+            env["leader_says"] = urllib.request.urlopen(f"http://{ip}:8080/health", timeout=5).read().decode()
+            break
+        except OSError:
+            time.sleep(0.1)
     env["leader_ip"] = ip
-    env["leader_says"] = urllib.request.urlopen(f"http://{ip}:8080/health", timeout=5).read().decode()
 print(json.dumps({"env": env, "seen": seen}), flush=True)
 def crash_on_request():
     while not os.path.exists("/cache/crash"):
