@@ -22,17 +22,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from qwen_hicache import engine, group_rollout, reconciler, render_lws, rollout
 from qwen_hicache.kube import Kube
-from qwen_hicache.router import router_workers
 from qwen_hicache.spec import GROUP, PLURAL, VERSION
 from resources import variant
-from test_router_rollout import TEXTS as ROUTED
-from test_router_rollout import _router_ip
 
-from harness.polling import wait_for
 from harness.sim.cluster import SimCluster
 from harness.sim.node import NodeShape
-from harness.sim.routerlab import landing_replicas
-from harness.sim.routerpod import RouterPods
 
 pytestmark = pytest.mark.integration
 NAME, SIZE, REPLICAS = "flash-next", 2, 2
@@ -312,32 +306,3 @@ def test_a_group_no_node_can_hold_is_refused_with_nothing_applied(
             _lws(custom, namespace)
         assert err.value.status == 404  # nothing of the group applied
 
-
-def test_a_group_rollout_through_the_router_drains_each_leader_first_and_keeps_conversations(
-        operator: None, groups: Any, kube_api: client.ApiClient, custom: client.CustomObjectsApi,
-        namespace: str) -> None:  # fmt: skip
-    """The router in front of the groups (the real smg, leaders only, by their group DNS names): a rolling restart
-    drains each group's leader from the router before releasing it, lists it again after its warm check, and the
-    conversations land on the same groups after."""
-    sim, _ = groups
-    with RouterPods(kube_api, sim.root) as routers:
-        obj = _up(custom, namespace, **{"router.enabled": True})
-        model = obj["spec"]["model"]["servedName"]
-        ip = wait_for(lambda: _router_ip(kube_api, namespace), "a ready router pod", timeout=120)
-        leaders = {f"{NAME}-{g}": "ready" for g in range(REPLICAS)}
-        wait_for(lambda: router_workers(ip, 8000) == leaders, "both group leaders routable (by name)", timeout=120)
-
-        def engines() -> list[str]:
-            return [f"http://{sim.pod_ip(namespace, f'{NAME}-{g}')}:30000" for g in range(REPLICAS)]
-
-        before = landing_replicas(f"http://{ip}:8000", model, ROUTED, engines())
-        assert sorted(set(before)) == list(range(REPLICAS)), before
-        rs = _restart(custom, namespace, "r1")["status"]["restart"]
-        assert rs["phase"] == "Complete" and all(r["warm"] for r in rs["results"]), rs
-        obj = eventually(lambda: (o := get_server(custom, namespace, NAME)) and all(
-            set(w["routers"].values()) == {"ready"} for w in (o["status"].get("router") or {}).get("workers") or [{}]
-        ) and o, timeout=90)  # fmt: skip
-        assert obj["status"]["router"]["drained"] == [], obj["status"]["router"]
-        wait_for(lambda: router_workers(ip, 8000) == leaders, "both leaders listed again", timeout=60)
-        assert landing_replicas(f"http://{ip}:8000", model, ROUTED, engines()) == before
-        assert not routers.errors, routers.errors[:3]
