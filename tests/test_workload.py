@@ -83,12 +83,6 @@ class Groups(World):
         self.reconcile(1)
         return self
 
-    def status(self) -> dict:
-        return self.kube.server().get("status") or {}
-
-    def condition(self, ctype: str) -> dict:
-        return next(c for c in self.status()["conditions"] if c["type"] == ctype)
-
 
 def test_a_new_multi_node_server_applies_one_leaderworkerset_and_selects_leaders(runtime: Runtime) -> None:
     world = Groups(runtime)
