@@ -18,14 +18,11 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from conformance.pool_runner import run_pool_probe
 from qwen_hicache.launch import launch_args
 from qwen_hicache.sizing import compute_sizing
 from qwen_hicache.spec import QwenHiCacheServerSpec
@@ -33,7 +30,6 @@ from qwen_hicache.spec import QwenHiCacheServerSpec
 from harness.sim.sglang_tree import patched_sglang_tree, tree_info
 
 TESTS = Path(__file__).resolve().parents[1]
-PROBE = Path(__file__).resolve().parent / "pool_probe.py"
 SPEC = TESTS / "gpu" / "data" / "tiny-qhc.yaml"
 
 LOGGED = [
@@ -77,14 +73,7 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         args[args.index("--model-path") + 1] = str(model)
         payload.append({"name": f"tp{tp}-{device}", "device_kv_tokens": device,
                         "args": [a for a in args if not a.startswith("--admin-api-key=")]})
-    (work / "cases.json").write_text(json.dumps(payload))
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(PROBE), str(tree), str(work / "cases.json"), str(work / "out.json")],
-        capture_output=True, text=True, timeout=600, env=env,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return {r["name"]: r for r in json.loads((work / "out.json").read_text())}
+    return run_pool_probe(tree, work, payload, timeout=600)
 
 
 @pytest.mark.parametrize(("tp", "device", "kv", "slots", "pages"), LOGGED, ids=[f"tp{c[0]}-{c[1]}" for c in LOGGED])

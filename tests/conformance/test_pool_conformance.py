@@ -8,20 +8,16 @@ must agree exactly: host KV tokens, host Mamba slots, host bytes, device pool by
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conformance.matrix import cases, runtime_args
+from conformance.pool_runner import run_pool_probe
 from qwen_hicache.sizing import compute_sizing
 from qwen_hicache.spec import QwenHiCacheServerSpec
 
 from harness.sim.sglang_tree import patched_sglang_tree, tree_info
 
-PROBE = Path(__file__).resolve().parent / "pool_probe.py"
 CASES = cases()
 
 
@@ -45,14 +41,7 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         spec = QwenHiCacheServerSpec.model_validate(case["spec"])
         payload.append({"name": case["name"], "args": runtime_args(spec, case["arch"]),
                         "device_kv_tokens": spec.hicache.device_kv_tokens})
-    (work / "cases.json").write_text(json.dumps(payload))
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(PROBE), str(tree), str(work / "cases.json"), str(work / "out.json")],
-        capture_output=True, text=True, timeout=900, env=env,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return {r["name"]: r for r in json.loads((work / "out.json").read_text())}
+    return run_pool_probe(tree, work, payload, timeout=900)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
