@@ -185,6 +185,12 @@ def _apply_fails(world: World) -> None:
     world.kube.fail[("apply", "StatefulSet")] = ApiException(status=500, reason="Internal Server Error")
 
 
+def _namespace_terminating(world: World) -> None:
+    world.kube.fail[("apply", "Service")] = ApiException(status=403, reason="Forbidden")
+    world.kube.fail[("apply", "Service")].body = (
+        '{"kind":"Status","reason":"Forbidden","details":{"causes":[{"reason":"NamespaceTerminating"}]},"code":403}')
+
+
 def _restart(world: World) -> None:
     world.converged()
     world.edit(restart="r1")
@@ -237,6 +243,9 @@ CASES = [
     Case("a failed apply is Degraded, retried later, and writes the rest", _apply_fails, writes=[
         ("apply", "StatefulSet", NAME), ("patch_status", KIND, NAME)],
         check=lambda w, o: o.error and w.condition("Degraded")["reason"] == "ApplyFailed"),
+    Case("in a namespace being deleted the pass stops at the refused create: no status, no event, no retry",
+         _namespace_terminating, writes=[("apply", "Service", f"{NAME}-headless")],
+         check=lambda w, o: o.namespace_terminating and not o.error and w.events == [] and not w.status()),
     Case("a restart sends the canary to the highest pod first, then drains it from the router", _restart,
          writes=[("apply", "StatefulSet", NAME), ("apply", "ConfigMap", f"{NAME}-router-workers"),
                  ("patch_status", KIND, NAME)],

@@ -93,6 +93,8 @@ class Operator:
             outcome = reconciler.reconcile(self.kube(), dict(body), post_event)
             if outcome.applied or outcome.status_written:
                 logger.info("reconciled: applied=%s status_written=%s", outcome.applied, outcome.status_written)
+            if outcome.namespace_terminating:
+                logger.info("the namespace is being deleted: nothing to converge")
             if outcome.error:
                 raise kopf.TemporaryError(outcome.error, delay=30)
             return outcome

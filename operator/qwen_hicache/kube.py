@@ -26,6 +26,11 @@ API_ERRORS = (ApiException, DynamicApiError)
 """What a refused or failed call raises (a fake client raises ApiException too)."""
 
 
+def namespace_terminating(err: Exception) -> bool:
+    """The API server refused a create because the namespace is being deleted: nothing to converge, no error."""
+    return getattr(err, "status", None) == 403 and "NamespaceTerminating" in str(getattr(err, "body", "") or "")
+
+
 def load_api_client() -> client.ApiClient:
     """In-cluster credentials when running in a pod, else $KUBECONFIG (read now, not at import time)."""
     try:

@@ -19,7 +19,7 @@ from . import execute, gather, metrics, rollout, router
 from . import status_model as sm
 from .apply import apply_if_drifted
 from .conditions import Condition, transitions
-from .kube import API_ERRORS, KubeClient
+from .kube import API_ERRORS, KubeClient, namespace_terminating
 from .observed import Observed
 from .plan import Plan, plan
 from .status import build_status, conditions_for
@@ -44,6 +44,8 @@ class Outcome:
     error: str | None = None
     rollout_actions: int = 0
     """Side effects the rollout attempted (canary, delete, warm check): the next step must look again."""
+    namespace_terminating: bool = False
+    """The namespace is being deleted: the pass stopped, wrote nothing and posts no events (they would be refused)."""
 
 
 _locks: dict[tuple[str, str], threading.Lock] = {}
@@ -141,6 +143,9 @@ def _reconcile_locked(kube: KubeClient, body: Obj, post_event: EventSink, now: s
         try:
             p, obs = _converge(kube, body, old, p, workload, post_event, outcome, now)
         except API_ERRORS as err:
+            if namespace_terminating(err):
+                outcome.namespace_terminating = True
+                return outcome
             outcome.error = f"reconcile failed: {getattr(err, 'reason', '')} {getattr(err, 'body', err)}"
             obs = Observed(apply_error=outcome.error, restart=old.restart, router=old.router)
     if p.blocked:

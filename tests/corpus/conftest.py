@@ -15,7 +15,8 @@ from resources import operator_settings
 
 
 class Records(logging.Handler):
-    """Keeps records with a traceback, and errors other than Kopf's retried API requests."""
+    """Keeps records with a traceback, and errors other than Kopf's retried API requests and writes refused
+    because a namespace (another module's, or this one's after its test) is being deleted."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
@@ -23,7 +24,8 @@ class Records(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
-        retried = record.name.startswith("kopf._cogs.clients") and "will retry" in message  # e.g. a 429 at start
+        retried = record.name.startswith("kopf.") and "will retry" in message  # e.g. a 429 at start, an event post
+        retried = retried or "NamespaceTerminating" in message  # Kopf's event poster, for a namespace being deleted
         if record.exc_info or "Traceback" in message or (record.levelno >= logging.ERROR and not retried):
             self.bad.append(record)
 
