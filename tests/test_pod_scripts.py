@@ -4,6 +4,7 @@ constants the operator renders beside them (ports, marker and file names)."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import socket
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 from qwen_hicache import diskusage, podlifecycle, render_lws
 from qwen_hicache.constants import pod_script
 from qwen_hicache.plan import parse_spec
+from qwen_hicache.status_model import OUTCOMES
 from resources import variant
 
 FILES = ("cache_guard.sh", "worker_sweep.sh", "prestop.py", "disk_usage.py")
@@ -43,6 +45,8 @@ def test_the_scripts_name_the_constants_the_operator_renders_beside_them() -> No
     assert render_lws.WORKER_GUARD_SCRIPT == podlifecycle.GUARD_SCRIPT + render_lws.WORKER_SWEEP
     assert f'os.path.join(ns, "{diskusage.CREATED_FILE}")' in diskusage.SCRIPT
     assert f'int(env.get("QWEN_HICACHE_USAGE_PORT") or {diskusage.PORT})' in diskusage.SCRIPT
+    assert f'os.path.join(root, "{podlifecycle.PRESTOP_RECORD}")' in diskusage.SCRIPT
+    assert repr(OUTCOMES).replace("'", "\"") in diskusage.SCRIPT
 
 
 def _usage_of(tmp_path: Path, env: dict[str, str]) -> diskusage.DiskUsage:
@@ -87,3 +91,15 @@ def test_group_pods_tell_the_sidecar_their_node_rank() -> None:
     assert env["QWEN_HICACHE_RANKS_PER_POD"]["value"] == "2"
     assert env["QWEN_HICACHE_NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == \
         f"metadata.labels['{render_lws.WORKER_INDEX_LABEL}']"
+
+
+def test_the_usage_sidecar_reports_the_last_prestop_on_its_volume(tmp_path: Path) -> None:
+    assert _usage_of(tmp_path, {}).prestop is None  # none yet
+    (tmp_path / podlifecycle.PRESTOP_RECORD).write_text(json.dumps({
+        "podName": "srv-1", "podUid": "uid-1", "outcome": "timeout", "time": 1767225600.5, "seconds": 41.2,
+        "message": 'flush: "timed out"\nat C:\\x'}))
+    rec = _usage_of(tmp_path, {}).prestop
+    assert rec == diskusage.PreStopRecord("uid-1", "timeout", 'flush: "timed out"\nat C:\\x', "srv-1",
+                                          1767225600, 41.2)
+    (tmp_path / podlifecycle.PRESTOP_RECORD).write_text('{"podUid": "uid-1", "outcome": "maybe"}')
+    assert _usage_of(tmp_path, {}).prestop is None  # not a record the operator can read: none

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -137,3 +139,77 @@ def test_prestop_waits_out_the_deadline_when_metrics_never_answer() -> None:
     assert out.returncode == 0, out.stderr
     assert seconds >= 2 and _FlakyMetrics.gets >= 2
     assert _FlakyMetrics.flushes == [("/flush_cache?timeout=3", "Bearer k")]  # still flushes at the deadline
+
+
+class _RefusingFlush(_Runtime):
+    """No running requests; `/flush_cache` answers 400 (the runtime's refusal) after `delay` seconds."""
+
+    delay = 0.0
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'sglang:num_running_reqs{model_name="m"} 0\n')
+
+    def do_POST(self) -> None:  # noqa: N802
+        time.sleep(type(self).delay)
+        body = b"Flush cache failed: the storage backup did not finish in time.\n"
+        self.send_response(400)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _recorded(tmp_path: Path, handler: type | None, flush: str = "3") -> tuple[subprocess.CompletedProcess[str], dict]:
+    """Run the preStop with a record path on `tmp_path` (handler None: nothing listens); its record."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler) if handler else None
+    if server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        port = server.server_port
+    else:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    record = tmp_path / pl.PRESTOP_RECORD
+    env = {**os.environ, "QWEN_HICACHE_POD_HOST": "127.0.0.1", "QWEN_HICACHE_PORT": str(port),
+           "QWEN_HICACHE_DRAIN_SECONDS": "0", "QWEN_HICACHE_FLUSH_SECONDS": flush, "QWEN_HICACHE_ADMIN_API_KEY": "k",
+           "QWEN_HICACHE_PRESTOP_RECORD": str(record), "QWEN_HICACHE_POD_NAME": "srv-1",
+           "QWEN_HICACHE_POD_UID": "uid-1"}
+    out = subprocess.run([sys.executable, "-c", PRESTOP_SCRIPT], env=env, capture_output=True, text=True, timeout=60)
+    if server:
+        server.shutdown()
+    assert not (tmp_path / (pl.PRESTOP_RECORD + ".tmp")).exists()  # replaced atomically, nothing left behind
+    return out, json.loads(record.read_text())
+
+
+def test_prestop_records_a_good_flush_and_exits_0(tmp_path: Path) -> None:
+    _Runtime.flushes, _Runtime.running = [], 0.0
+    out, rec = _recorded(tmp_path, _Runtime)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert {k: rec[k] for k in ("podName", "podUid", "outcome")} == {"podName": "srv-1", "podUid": "uid-1",
+                                                                    "outcome": "ok"}
+    assert rec["seconds"] >= 0 and abs(rec["time"] - time.time()) < 60
+
+
+def test_prestop_records_a_refused_flush_and_exits_1_for_the_kubelets_event(tmp_path: Path) -> None:
+    _RefusingFlush.delay = 0.0
+    out, rec = _recorded(tmp_path, _RefusingFlush)
+    assert out.returncode == 1 and rec["outcome"] == "failed" and "HTTP 400" in rec["message"]
+    assert "flush failed (failed)" in out.stdout
+
+
+def test_a_refusal_after_the_flush_budget_is_a_timeout(tmp_path: Path) -> None:
+    _RefusingFlush.delay = 1.2
+    out, rec = _recorded(tmp_path, _RefusingFlush, flush="1")
+    assert out.returncode == 1 and rec["outcome"] == "timeout"
+
+
+def test_prestop_records_a_runtime_that_does_not_answer(tmp_path: Path) -> None:
+    out, rec = _recorded(tmp_path, None)
+    assert out.returncode == 1 and rec["outcome"] == "failed" and "refused" in rec["message"].lower()
+
+
+def test_without_a_disk_tier_a_failed_flush_records_nothing_and_exits_0() -> None:
+    _RefusingFlush.delay = 0.0
+    out, _ = _prestop(_RefusingFlush, drain="0")
+    assert out.returncode == 0 and "flush failed" in out.stdout

@@ -17,7 +17,9 @@ never on the request path) and reads `statvfs` of the volume; `/metrics` serves 
 - `qwen_hicache_cache_namespace_created_timestamp_seconds` (written once into the namespace as
   `.qwen-hicache-created`, since the guard's marker is touched at every start) and
   `qwen_hicache_cache_namespace_info{fingerprint}`,
-- `qwen_hicache_disk_scan_timestamp_seconds` and `..._scan_duration_seconds`.
+- `qwen_hicache_disk_scan_timestamp_seconds` and `..._scan_duration_seconds`,
+- `qwen_hicache_prestop_info{pod,pod_uid,outcome,message}` with `..._prestop_{timestamp,duration}_seconds`: the
+  last preStop's record left on the volume (podlifecycle: the previous pod's final flush), absent until one is.
 
 Prometheus scrapes it (the chart's PodMonitor); the operator reads the same endpoint per pod for
 `status.replicaCache` (`engine.read_usage`), so the status and the dashboard show the same numbers.
@@ -42,6 +44,19 @@ SCRIPT = pod_script("disk_usage.py")
 
 
 @dataclass(frozen=True)
+class PreStopRecord:
+    """The last preStop's outcome as it left it on the volume (podlifecycle.PRESTOP_RECORD)."""
+
+    pod_uid: str
+    outcome: str
+    """ok | failed | timeout (status_model.OUTCOMES)."""
+    message: str = ""
+    pod: str = ""
+    finished_at: int | None = None
+    seconds: float | None = None
+
+
+@dataclass(frozen=True)
 class DiskUsage:
     """One replica's disk tier as its sidecar reports it (bytes and files summed over the TP ranks)."""
 
@@ -53,13 +68,15 @@ class DiskUsage:
     """Unix time the current namespace was first used."""
     old_namespaces_bytes: int | None = None
     fingerprint: str | None = None
+    prestop: PreStopRecord | None = None
+    """The outcome of the preStop of the pod that used this volume last (maybe this pod's predecessor)."""
 
 
 def parse(text: str) -> DiskUsage:
     """The exporter's text as one replica's numbers (ValueError when it is not Prometheus text)."""
     values: dict[str, float] = {}
     per_rank: dict[str, dict[str, float]] = {}
-    fingerprint = None
+    fingerprint, prestop = None, None
     for sample in samples(text):
         rank = sample.labels.get("tp_rank")
         if rank is not None:
@@ -68,6 +85,8 @@ def parse(text: str) -> DiskUsage:
             values[sample.name] = sample.value
         if sample.name == "qwen_hicache_cache_namespace_info":
             fingerprint = sample.labels.get("fingerprint")
+        if sample.name == "qwen_hicache_prestop_info":
+            prestop = sample.labels
     used = int(sum(per_rank.get("qwen_hicache_disk_used_bytes", {}).values()))
     caps = per_rank.get("qwen_hicache_disk_cap_bytes", {})
     cap = int(sum(caps.values())) if caps else None
@@ -81,7 +100,18 @@ def parse(text: str) -> DiskUsage:
         namespace_created_at=int(created) if created is not None else None,
         old_namespaces_bytes=int(old) if old is not None else None,
         fingerprint=fingerprint or None,
+        prestop=_prestop(prestop, values),
     )
+
+
+def _prestop(labels: dict[str, str] | None, values: dict[str, float]) -> PreStopRecord | None:
+    if not labels or not labels.get("outcome"):
+        return None
+    finished = values.get("qwen_hicache_prestop_timestamp_seconds")
+    return PreStopRecord(pod_uid=labels.get("pod_uid", ""), outcome=labels["outcome"],
+                         message=labels.get("message", ""), pod=labels.get("pod", ""),
+                         finished_at=int(finished) if finished else None,
+                         seconds=values.get("qwen_hicache_prestop_duration_seconds"))
 
 
 def samples(text: str) -> Iterator[Sample]:

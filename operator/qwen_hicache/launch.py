@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .podlifecycle import DrainPlan
+from .podlifecycle import PRESTOP_RECORD, DrainPlan
 from .spec import QwenHiCacheServerSpec
 
 MODEL_MOUNT = "/models"
@@ -161,6 +161,7 @@ def launch_env(spec: QwenHiCacheServerSpec, sizing: LaunchSizing, fingerprint: s
             env.append({"name": MAX_SIZE_ENV, "value": str(sizing.disk_cap_bytes_per_rank)})
         # What the preStop flush could not write is drained at SIGTERM within the same budget.
         env.append({"name": DRAIN_TIMEOUT_ENV, "value": str(drain.flush_seconds)})
+        env += prestop_record_env()
     env.append({"name": ADMIN_KEY_ENV,
                 "valueFrom": {"secretKeyRef": {"name": admin_secret, "key": ADMIN_SECRET_KEY}}})
     env += [
@@ -170,6 +171,16 @@ def launch_env(spec: QwenHiCacheServerSpec, sizing: LaunchSizing, fingerprint: s
     ]
     env += [{"name": e.name, "value": e.value} for e in spec.runtime.env]
     return env
+
+
+def prestop_record_env() -> list[dict[str, Any]]:
+    """Where the preStop records its outcome, and whose it is (the successor's check matches the uid)."""
+    def field(path: str) -> dict[str, Any]:
+        return {"fieldRef": {"fieldPath": path}}
+
+    return [{"name": "QWEN_HICACHE_PRESTOP_RECORD", "value": f"{CACHE_MOUNT}/{PRESTOP_RECORD}"},
+            {"name": "QWEN_HICACHE_POD_NAME", "valueFrom": field("metadata.name")},
+            {"name": "QWEN_HICACHE_POD_UID", "valueFrom": field("metadata.uid")}]
 
 
 def startup_failure_threshold(spec: QwenHiCacheServerSpec, period_seconds: int) -> int:

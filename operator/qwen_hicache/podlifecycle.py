@@ -9,6 +9,14 @@
   backup in flight (`Scheduler.is_fully_idle`, pinned by tests/runtime). What is still queued at SIGTERM is
   drained by runtime patch 0003 within the same budget (`SGLANG_HICACHE_STORAGE_DRAIN_TIMEOUT`). A deleted
   pod is already out of its Service's ready endpoints, so no new requests arrive while it drains.
+- The preStop's outcome (`ok`, `failed`: the runtime refused or did not answer, `timeout`: the flush ran out its
+  budget, or the hook was stopped before it answered) is written atomically to `<mount>/PRESTOP_RECORD` with the
+  pod's name and uid (downward API), so the successor's `cache-usage` sidecar can report it and the rollout puts
+  it into that pod's `status.restart.results[].preStop` (keyed by the predecessor's uid: never read twice). With a
+  disk tier a failed flush also exits 1, the kubelet's own signal: it posts a `FailedPreStopHook` Warning on the
+  pod and then sends SIGTERM as it would after a success (kubelet `executePreStopHook` only logs and records the
+  error; the grace period left is unchanged), so the runtime's SIGTERM storage drain still writes what it can.
+  Without a disk tier nothing queued can be lost, so the hook exits 0.
 - `terminationGracePeriodSeconds` covers the worst case as the runtime spends it (`drain_plan`): the preStop's
   request wait and flush, then, after SIGTERM, the runtime's own request check, its storage drain (handed the
   same flush budget: it writes what the flush could not) and the schedulers' exit, plus a stated margin.
@@ -23,6 +31,9 @@ from .constants import pod_script
 from .spec import QwenHiCacheServerSpec
 
 MARKER = ".qwen-hicache-fingerprint"
+PRESTOP_RECORD = ".qwen-hicache-prestop.json"
+"""The last preStop's outcome, at the cache volume's root (every namespace's pods share it); its outcomes are
+status_model.OUTCOMES."""
 
 # The stop timeline, term by term (tests/runtime pins the runtime's constants against the wheel's own code).
 PRESTOP_POLL_SECONDS = 6

@@ -31,7 +31,7 @@ from .spec import QwenHiCacheServerSpec
 
 Obj = dict[str, Any]
 
-RENDER_VERSION = "6"
+RENDER_VERSION = "7"
 
 HTTP_PORT_NAME = "http"
 

@@ -214,6 +214,23 @@ WARMTHS = ("Warm", "Partial", "Cold")
 Warmth = Annotated[Literal["Warm", "Partial", "Cold"], _open_string(WARMTHS, "How warm the canary came back")]
 
 
+OUTCOMES = ("ok", "failed", "timeout")
+PreStopOutcome = Annotated[Literal["ok", "failed", "timeout"], _open_string(OUTCOMES, "How the preStop ended")]
+
+
+class PreStop(ApiModel):
+    """How the replaced pod's preStop ended, as it recorded it on the cache volume (podlifecycle)."""
+
+    outcome: PreStopOutcome
+    """ok: the final flush wrote the queued pages; failed or timeout: queued backups may be lost, so the pod can
+    come back partly cold."""
+    message: str | None = None
+    seconds: float | None = None
+    """How long the preStop took."""
+    finished: str | None = None
+    """When it ended."""
+
+
 class RestartResult(Record):
     """One pod's warm-start check."""
 
@@ -239,6 +256,8 @@ class RestartResult(Record):
     """The replaced pod's disk tier write rate over its life (diskWrittenBytes / its commits' wall time)."""
     disk_written_bytes: int | None = None
     """Bytes that rate is measured on (a small basis is all syncs: it counts only from MEASURE_MIN_BYTES)."""
+    pre_stop: PreStop | None = None
+    """The replaced pod's preStop (wait and final flush), when it left a record (disk tier only)."""
 
 
 class Restart(Record):

@@ -1,4 +1,4 @@
-import http.server, os, re, signal, sys, threading, time
+import http.server, json, os, re, signal, sys, threading, time
 # The container's PID 1: without a handler the kernel drops SIGTERM, and the pod's deletion waits out its
 # whole grace period (the drain and flush budget) for this sidecar.
 signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
@@ -37,6 +37,22 @@ def created():
             pass
         return now
 
+def prestop():
+    """The last preStop's record on the volume (podlifecycle.PRESTOP_RECORD), or None."""
+    try:
+        with open(os.path.join(root, ".qwen-hicache-prestop.json")) as f:
+            rec = json.load(f)
+        if rec.get("outcome") not in ("ok", "failed", "timeout"):
+            return None
+        return {"pod": str(rec.get("podName", "")), "pod_uid": str(rec.get("podUid", "")), "outcome": rec["outcome"],
+                "message": str(rec.get("message", ""))[:400], "time": float(rec.get("time") or 0),
+                "seconds": float(rec.get("seconds") or 0)}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None  # none yet, or not ours to read
+
+def esc(value):
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
 def scan():
     t0 = time.time()
     ranks = range(first, first + per_pod)
@@ -63,7 +79,7 @@ def scan():
         if name not in typed:
             typed.add(name)
             lines.extend(["# HELP %s %s" % (name, help_), "# TYPE %s %s" % (name, kind)])
-        lab = ",".join('%s="%s"' % kv for kv in labels.items())
+        lab = ",".join('%s="%s"' % (k, esc(v)) for k, v in labels.items())
         lines.append("%s%s %s" % (name, "{%s}" % lab if lab else "", float(value)))
     for r in sorted(used, key=int):
         put("qwen_hicache_disk_used_bytes", used[r], "Page file bytes of the current namespace.", tp_rank=r)
@@ -77,6 +93,12 @@ def scan():
     put("qwen_hicache_disk_volume_size_bytes", st.f_blocks * st.f_frsize, "Size of the cache volume.")
     put("qwen_hicache_cache_namespace_created_timestamp_seconds", created(), "First use of the namespace.")
     put("qwen_hicache_cache_namespace_info", 1, "The current cache namespace.", fingerprint=fp)
+    rec = prestop()
+    if rec:
+        put("qwen_hicache_prestop_info", 1, "The last preStop on this volume: its pod and outcome.",
+            pod=rec["pod"], pod_uid=rec["pod_uid"], outcome=rec["outcome"], message=rec["message"])
+        put("qwen_hicache_prestop_timestamp_seconds", rec["time"], "When that preStop ended.")
+        put("qwen_hicache_prestop_duration_seconds", rec["seconds"], "Seconds it took.")
     put("qwen_hicache_disk_scan_duration_seconds", time.time() - t0, "Wall time of the last scan.")
     put("qwen_hicache_disk_scan_timestamp_seconds", time.time(), "When the last scan finished.")
     snapshot[0] = ("\n".join(lines) + "\n").encode()
