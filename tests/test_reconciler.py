@@ -36,6 +36,8 @@ class Runtime:
     storage_tokens: int = 4032
     routes: dict[str, str] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
+    prestop: diskusage.PreStopRecord | None = None
+    """The last preStop record every sidecar reports (None: the sidecars do not answer)."""
 
     def generate(self, ip: str, port: int, text: str, timeout: float = 0) -> engine.CanaryResult:
         self.calls.append(("generate", ip))
@@ -50,7 +52,7 @@ class Runtime:
         return dict(self.routes)
 
     def read_usage(self, ip: str, port: int = 0, timeout: float = 0) -> diskusage.DiskUsage | None:
-        return None
+        return diskusage.DiskUsage(0, 0, prestop=self.prestop) if self.prestop else None
 
 
 @pytest.fixture
@@ -318,3 +320,40 @@ def test_pods_are_listed_once_per_pass_for_both_the_rollout_and_the_router(runti
     assert {CONFIG_HASH_ANNOTATION, RESTART_ANNOTATION, FINGERPRINT_ANNOTATION} <= set(
         world.kube.find("Pod", f"{NAME}-0")["metadata"]["annotations"])
     assert world.kube.server()["apiVersion"] == API_VERSION
+
+
+def _restarted(runtime: Runtime, record: diskusage.PreStopRecord) -> World:
+    """srv-1 (uid-pod-2-0) evicted by a restart, its successor (uid-pod-3-0) ready and checked warm; every sidecar
+    reports `record` as its volume's last preStop."""
+    world = World(runtime)
+    _restart_canary_sent(world)
+    world.reconcile(5)
+    world.statefulset_controller()
+    runtime.prestop = record
+    world.reconcile(6)  # the successor's baseline
+    world.reconcile(7)  # its warm check
+    return world
+
+
+def test_a_failed_prestop_is_in_the_pods_result_and_one_warning(runtime: Runtime) -> None:
+    world = _restarted(runtime, diskusage.PreStopRecord("uid-pod-2-0", "timeout", "flush: timed out", "srv-1",
+                                                        1767225600, 41.5))
+    result = world.status()["restart"]["results"][0]
+    assert result["pod"] == f"{NAME}-1" and result["preStop"] == {
+        "outcome": "timeout", "message": "flush: timed out", "seconds": 41.5, "finished": "2026-01-01T00:00:00Z"}
+    assert world.events.count(("Warning", reconciler.PRESTOP_FAILED)) == 1
+    world.reconcile(8)
+    world.reconcile(9)
+    assert world.events.count(("Warning", reconciler.PRESTOP_FAILED)) == 1
+
+
+def test_an_ok_prestop_is_recorded_quietly(runtime: Runtime) -> None:
+    world = _restarted(runtime, diskusage.PreStopRecord("uid-pod-2-0", "ok", "flush: HTTP 200"))
+    assert world.status()["restart"]["results"][0]["preStop"] == {"outcome": "ok", "message": "flush: HTTP 200"}
+    assert not [e for e in world.events if e[0] == "Warning"]
+
+
+def test_a_record_an_older_incarnation_left_is_not_reported(runtime: Runtime) -> None:
+    world = _restarted(runtime, diskusage.PreStopRecord("uid-pod-0-0", "failed", "an older pod's"))
+    assert "preStop" not in world.status()["restart"]["results"][0]
+    assert not [e for e in world.events if e[0] == "Warning"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from qwen_hicache import rollout
+from qwen_hicache.diskusage import PreStopRecord
 from qwen_hicache.plan import parse_spec
 from qwen_hicache.rollout import (
     STORAGE_COUNTER,
@@ -13,6 +15,7 @@ from qwen_hicache.rollout import (
     canary_sent,
     canary_warmth,
     deleted,
+    failed_prestops,
     is_active,
     may_take_down,
     measured_write_rate,
@@ -20,7 +23,7 @@ from qwen_hicache.rollout import (
     target_of,
     verified,
 )
-from qwen_hicache.status_model import Restart
+from qwen_hicache.status_model import Restart, RestartEntry
 from resources import example, variant
 
 OLD, NEW = "h0/", "h0/r1"
@@ -381,3 +384,29 @@ def test_the_replaced_pods_write_rate_is_recorded_and_the_slowest_measured_one_b
     faster = result.model_copy(update={"disk_write_bytes_per_second": 9 * 10**8})
     both = rs.model_copy(update={"results": [result, faster]})
     assert measured_write_rate(both, None) == 250_000_000
+
+
+def test_the_replaced_pods_prestop_is_reported_once_and_only_its_own() -> None:
+    rs, _ = plan_rollout(Restart(id=OLD, phase="Complete"), pods(), NEW, 3, POLICY, T[0])
+    rs = deleted(canary_sent(rs, "s-2", 4096, None), "s-2", T[1])
+    back = pods()[:2] + [PodView("s-2", 2, "uid-2-1", True, "127.0.0.12", NEW)]
+    rs = until_verify(rs, back, T[2])
+    older = PreStopRecord("uid-2-x", "failed", "an earlier incarnation's")
+    assert verified(rs, "s-2", 4032, None, POLICY, T[2], counters(0), older).results[0].pre_stop is None
+    mine = PreStopRecord("uid-2-0", "failed", "flush: HTTP 400", "s-2", 1767225600, 12.0)
+    cold = verified(rs, "s-2", 0, None, POLICY, T[2], counters(0), mine)
+    assert cold.phase == "Paused" and cold.results[0].pre_stop.wire() == {
+        "outcome": "failed", "message": "flush: HTTP 400", "seconds": 12.0, "finished": "2026-01-01T00:00:00Z"}
+    assert failed_prestops(rs, cold) == cold.results and failed_prestops(cold, cold) == []
+    # A new restart id restarts the cold pod again: the record its volume still holds is not its predecessor's.
+    again, _ = plan_rollout(cold, back, "h0/r2", 3, POLICY, T[3])
+    assert [(e.pod, e.uid) for e in again.in_flight] == [("s-2", "uid-2-1")]
+    assert rollout.predecessor_prestop(again.in_flight[0], mine) is None
+
+
+def test_a_groups_prestop_is_its_leaders() -> None:
+    entry = RestartEntry(pod="s-0", step="Verify", uid="lead-0|work-0")
+    assert rollout.predecessor_prestop(entry, PreStopRecord("lead-0", "ok")).outcome == "ok"
+    assert rollout.predecessor_prestop(entry, PreStopRecord("lead-", "failed")) is None
+    unknown = RestartEntry(pod="s-0", step="Verify", uid="")  # its predecessor was gone before the rollout saw it
+    assert rollout.predecessor_prestop(unknown, PreStopRecord("", "failed")) is None

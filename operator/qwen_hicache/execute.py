@@ -1,9 +1,10 @@
 """The executor: the side effects of one pass besides applying children (which `apply` does).
 
 The admin Secret (created once), the fingerprint recorded on each cache claim, and the rollout's actions: the
-canary, the warm check and its baseline (the runtime, `engine`), and taking a pod down (the workload manager,
-after the router seam "before delete": the pod is out of every router). The decisions are the pure modules'
-(rollout, claim_history); this module only performs them and records what happened.
+canary, the warm check and its baseline (the runtime, `engine`; with the check, the predecessor's preStop record
+from the sidecar), and taking a pod down (the workload manager, after the router seam "before delete": the pod is
+out of every router). The decisions are the pure modules' (rollout, claim_history); this module only performs them
+and records what happened.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from . import claim_history, engine, render, rollout, router
+from . import claim_history, diskusage, engine, render, rollout, router
 from .gather import Live
 from .kube import KubeClient
 from .plan import Plan
@@ -61,5 +62,15 @@ def run_rollout(kube: KubeClient, live: Live, meta: Obj, old: Restart | None, p:
         elif act.kind == "verify":
             res = engine.generate(act.ip, port, prompt)
             metrics = engine.cache_metrics(act.ip, port) if res.storage_tokens is not None else {}
-            rs = rollout.verified(rs, act.pod, res.storage_tokens, res.error, policy, now, metrics)
+            prestop = _prestop_record(act.ip, p) if res.storage_tokens is not None else None
+            rs = rollout.verified(rs, act.pod, res.storage_tokens, res.error, policy, now, metrics, prestop)
     return rs, len(actions)
+
+
+def _prestop_record(ip: str, p: Plan) -> diskusage.PreStopRecord | None:
+    """The last preStop record on the verified pod's volume, from its cache-usage sidecar (the leader's, for a
+    group: only node 0 runs the preStop); None without a disk tier or an answer."""
+    if not p.spec.hicache.disk.enabled:
+        return None
+    usage = engine.read_usage(ip)
+    return usage.prestop if usage else None

@@ -157,6 +157,7 @@ def _reconcile_locked(kube: KubeClient, body: Obj, post_event: EventSink, now: s
         outcome.status_written = True
     # After the write, so a failed patch (retried next time) is never counted twice.
     metrics.observe_restart_status(meta["namespace"], meta["name"], old.restart, obs.restart, now)
+    _post_prestop_failures(body, old.restart, obs.restart, post_event)
     _post_transitions(body, conditions_for(p, obs), old.conditions, post_event)
     return outcome
 
@@ -172,6 +173,17 @@ def _post_transitions(body: Obj, new: list[Condition], old: list[Condition] | No
         post_event(body, kind, c.reason, f"{c.type}={c.status}: {c.message}".rstrip(": "))
 
 
+def _post_prestop_failures(body: Obj, old: sm.Restart | None, new: sm.Restart | None, post_event: EventSink) -> None:
+    """One Warning per restarted pod whose predecessor's final flush failed or timed out (after the status write,
+    so a retried pass never posts it twice): its queued backups may be lost, the pod partly cold."""
+    for r in rollout.failed_prestops(old, new):
+        assert r.pre_stop is not None
+        post_event(body, "Warning", PRESTOP_FAILED, f"pod {r.pod}: the replaced pod's preStop flush ended "
+                   f"{r.pre_stop.outcome}{': ' + r.pre_stop.message if r.pre_stop.message else ''}; queued disk "
+                   "writes may be lost (see status.restart.results)")
+
+
+PRESTOP_FAILED = "PreStopFlushFailed"
 NOT_A_WARNING = {("CachePersistent", "DiskTierDisabled")}
 """False, but by the admin's own choice (a server without a disk tier): no Warning event."""
 

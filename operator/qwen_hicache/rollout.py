@@ -15,12 +15,13 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from .constants import CONFIG_HASH_ANNOTATION, FINGERPRINT_ANNOTATION, RESTART_ANNOTATION  # noqa: F401
+from .diskusage import PreStopRecord
 from .spec import QwenHiCacheServerSpec
-from .status_model import Restart, RestartEntry, RestartResult
+from .status_model import OUTCOMES, PreStop, Restart, RestartEntry, RestartResult
 
 Obj = dict[str, Any]
 
@@ -406,13 +407,14 @@ def baseline_read(rs: Restart, pod: str, uid: str, metrics: dict[str, float]) ->
 
 
 def verified(rs: Restart, pod: str, storage_tokens: int | None, error: str | None, policy: Policy, now: str,
-             metrics: dict[str, float] | None = None) -> Restart:
+             metrics: dict[str, float] | None = None, prestop: PreStopRecord | None = None) -> Restart:
     """Record the warm-start check; finish the pod, keep retrying (no answer yet), or pause (cold).
 
     Warm: the answer names disk tokens, or the pod's storage counter rose since the baseline (a retried
     canary is served from GPU memory, but the first one's disk read still shows in the counter). Without
     the counter a storage=0 answer proves nothing, so it is retried. `metrics`: the pod's counters after
-    the replay, recorded beside the per-request evidence."""
+    the replay, recorded beside the per-request evidence. `prestop`: the record the pod's volume holds (its
+    cache-usage sidecar), kept only when the replaced incarnation wrote it (`predecessor_prestop`)."""
     rs = rs.model_copy(deep=True)
     entry = _entry(rs, pod)
     metrics = metrics or {}
@@ -437,6 +439,7 @@ def verified(rs: Restart, pod: str, storage_tokens: int | None, error: str | Non
         metric_storage_baseline=baseline,
         disk_write_bytes_per_second=_rate(entry),
         disk_written_bytes=entry.disk_written_bytes,
+        pre_stop=predecessor_prestop(entry, prestop),
     ))
     if warmth == "Cold" and expect_warm and policy.require_warm:
         return _pause(rs, "ColdStart", f"pod {pod} came back without a disk-cache hit for the canary (storage=0 "
@@ -447,6 +450,29 @@ def verified(rs: Restart, pod: str, storage_tokens: int | None, error: str | Non
     rs.done.append(pod)
     _finish_if_done(rs, now)
     return rs
+
+
+def predecessor_prestop(entry: RestartEntry, record: PreStopRecord | None) -> PreStop | None:
+    """The replaced incarnation's preStop outcome, or None. A record is the volume's last preStop, whoever wrote
+    it: only the uid this entry replaced (a group's: any of its members', the leader's in practice) makes it this
+    restart's, so an older incarnation's record is never reported again (a pod checked again after a new restart
+    id was restarted again: its predecessor, and its record, are new)."""
+    if record is None or record.outcome not in OUTCOMES or not record.pod_uid or not entry.uid:
+        return None
+    if record.pod_uid not in entry.uid.split("|"):
+        return None
+    finished = (datetime.fromtimestamp(record.finished_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                if record.finished_at else None)
+    return PreStop(outcome=record.outcome, message=record.message or None,  # type: ignore[arg-type]
+                   seconds=record.seconds, finished=finished)
+
+
+def failed_prestops(old: Restart | None, new: Restart | None) -> list[RestartResult]:
+    """Results this pass added whose predecessor's preStop did not end `ok` (one Warning event each)."""
+    if not new:
+        return []
+    seen = len(old.results) if old is not None and old.id == new.id else 0
+    return [r for r in new.results[seen:] if r.pre_stop and r.pre_stop.outcome != "ok"]
 
 
 def canary_warmth(restored: int, canary_tokens: int | None, page_size: int) -> tuple[float | None, str]:
