@@ -348,8 +348,8 @@ def test_a_failed_prestop_is_in_the_pods_result_and_one_warning(runtime: Runtime
 
 
 def test_an_ok_prestop_is_recorded_quietly(runtime: Runtime) -> None:
-    world = _restarted(runtime, diskusage.PreStopRecord("uid-pod-2-0", "ok", "flush: HTTP 200"))
-    assert world.status()["restart"]["results"][0]["preStop"] == {"outcome": "ok", "message": "flush: HTTP 200"}
+    world = _restarted(runtime, diskusage.PreStopRecord("uid-pod-2-0", "ok", "flush: 200"))
+    assert world.status()["restart"]["results"][0]["preStop"] == {"outcome": "ok", "message": "flush: 200"}
     assert not [e for e in world.events if e[0] == "Warning"]
 
 
