@@ -68,3 +68,12 @@ def test_each_flag_appears_once() -> None:
 
 def test_managed_flags_cover_derived_ones() -> None:
     assert {"--tp-size", "--hicache-size", "--hicache-ratio", "--page-size"} <= derived(example()).managed_flags
+
+
+def test_the_stated_device_pool_is_rendered_page_aligned_and_an_estimated_one_is_not() -> None:
+    """The runtime must build the device pool the host pools were sized against (docs/sizing.md)."""
+    stated = derived(variant(**{"spec.hicache.deviceKVTokens": 65_630}))
+    assert stated.args[stated.args.index("--max-total-tokens") + 1] == "65600"  # page 64: whole pages only
+    assert stated.sizing.device.kv_tokens == 65_600
+    estimated = derived(variant(**{"spec.hicache.deviceKVTokens": None}))
+    assert "--max-total-tokens" not in estimated.args

@@ -44,6 +44,9 @@ class LaunchSizing:
     """`--hicache-ratio` when no size is set (always passed: unset, the runtime sizes from free RAM)."""
     device_mamba_slots: int | None = None
     """`--max-mamba-cache-size` the sizing assumed (always passed, so the runtime matches the numbers)."""
+    device_kv_tokens: int | None = None
+    """`--max-total-tokens`: the device KV pool the spec states (page-aligned), so the runtime builds the pool the
+    host pools were sized against instead of profiling free GPU memory; None (estimated) renders nothing."""
     max_running_requests: int | None = None
     """`--max-running-requests` the sizing assumed (always passed: it sets the Mamba verify-scratch count)."""
     host_bytes_per_rank: int = 0
@@ -77,6 +80,8 @@ def _model_flags(spec: QwenHiCacheServerSpec, sizing: LaunchSizing) -> list[str]
     }
     if sizing.device_mamba_slots:
         optional["--max-mamba-cache-size"] = sizing.device_mamba_slots
+    if sizing.device_kv_tokens:
+        optional["--max-total-tokens"] = sizing.device_kv_tokens
     for flag, value in optional.items():
         if value is not None:
             args += [flag, str(value)]

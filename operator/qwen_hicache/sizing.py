@@ -250,6 +250,15 @@ def device_mamba_slots(spec: QwenHiCacheServerSpec) -> int:
     return rt.max_mamba_cache_size or (rt.max_running_requests or DEFAULT_REQUESTS) * mamba_slots_per_request()
 
 
+def device_kv_cap(spec: QwenHiCacheServerSpec) -> int | None:
+    """`hicache.deviceKVTokens` rounded down to whole pages, as the runtime aligns `--max-total-tokens`
+    (`kv_cache_configurator.py`: the user cap, then page alignment): the device pool the operator renders and
+    sizes against, so the runtime splits `--hicache-size` over the same pool (tests/conformance/
+    test_gpu_run_sizing.py: with the pool it profiled itself instead, 13 host Mamba slots where 1,878 were sized)."""
+    tokens = spec.hicache.device_kv_tokens
+    return None if tokens is None else max(tokens // spec.runtime.page_size, 1) * spec.runtime.page_size
+
+
 def device_pools(spec: QwenHiCacheServerSpec, g: Geometry, shapes: RankShapes) -> DevicePools:
     """Device pools per rank: explicit where the spec says so, otherwise estimated and flagged."""
     rt = spec.runtime
@@ -265,7 +274,7 @@ def device_pools(spec: QwenHiCacheServerSpec, g: Geometry, shapes: RankShapes) -
         states = running(tokens) if draft_tokens else 0
         return _mamba_device_bytes(shapes, g, slots, states, draft_tokens) if g.linear_attention_layers else 0
 
-    tokens = spec.hicache.device_kv_tokens
+    tokens = device_kv_cap(spec)
     if tokens is None:  # the estimate needs the Mamba bytes, which depend on the tokens only through a cap
         tokens = _estimate_kv_tokens(spec, g, shapes, mamba_bytes(1 << 40))
     spec_states = running(tokens) if draft_tokens else 0
@@ -577,6 +586,7 @@ class Sizing:
             disk_volume_bytes=self.disk.volume_bytes,
             host_ratio=self.host.hicache_ratio or DEFAULT_HICACHE_RATIO,
             device_mamba_slots=self.device.mamba_slots or None,
+            device_kv_tokens=None if self.device.kv_tokens_estimated else self.device.kv_tokens,
             max_running_requests=self.device.requests,
             host_bytes_per_rank=self.host.total_bytes,
         )

@@ -355,7 +355,9 @@ class HiCacheSpec(ApiModel):
     """`--hicache-mamba-host-slots` (runtime series patch 0002): host Mamba states per rank, sized on their own so
     restorable coverage is explicit; `hostMemoryPerRankGB` then covers the KV-side pools alone."""
     device_kv_tokens: Annotated[int | None, Field(ge=1, le=10**10, alias="deviceKVTokens")] = None
-    """Device KV pool per rank in tokens, as the runtime logs it at startup; makes host sizing exact."""
+    """Device KV pool per rank in tokens (whole pages), rendered as `--max-total-tokens`: the runtime builds this
+    pool (a GPU without room for it builds less and logs a warning) and the host pools are sized against it. Unset,
+    the runtime sizes the pool from free GPU memory and the operator's host sizing is an estimate."""
     disk: DiskTierSpec = DiskTierSpec()
     """The disk tier; off unless enabled with a size."""
 

@@ -2,8 +2,8 @@
 
 The H200 run of tests/gpu/data/tiny-qhc.yaml logged, per rank, host pools far from what `qwen-hicache size` said
 (KV 1,185,728 tokens and 13 Mamba slots at TP 1, where the operator said 495,296 and 1,878). The cause is not in
-the operator's rules but in one input: `hicache.deviceKVTokens: 32768` is never given to the runtime (the operator
-renders no `--max-total-tokens`), so the runtime profiles its device pool from free GPU memory x
+the operator's rules but in one input: `hicache.deviceKVTokens: 32768` was never given to the runtime (the operator
+rendered no `--max-total-tokens`; it does now), so the runtime profiles its device pool from free GPU memory x
 `--mem-fraction-static` (`mem_cache/kv_cache_configurator.py:2990-3060`, logged as `#tokens`), and
 `--hicache-size` is split in proportion to that pool's bytes against the device Mamba state
 (`mem_cache/hybrid_cache/hybrid_pool_assembler.py:239-263,1328-1340`). A device pool 347 times larger gives the

@@ -535,7 +535,7 @@ def engine_part(run: Run, args, st) -> None:
     run.step("model", 120, lambda: step_model(args, st, r), needs=run.base)
     run.step("cold", args.budget_cold, lambda: step_cold(args, st, r), needs=("model",))
     run.step("restart", args.budget_restart, lambda: step_restart(args, st, r), needs=("cold",))
-    if not args.smoke:
+    if not args.smoke and "fingerprint_and_damage" not in args.skip.split(","):
         run.step("fingerprint_and_damage", args.budget_damage, lambda: step_fingerprint_and_damage(args, st, r),
                  needs=("cold",))  # fmt: skip
         run.step("copy", 90, lambda: step_copy(args, st, r), needs=run.base)
@@ -670,6 +670,7 @@ def main() -> int:
     ap.add_argument("--host", default="127.0.0.1", help="the one-pod sequence's address (ports 30000-30002)")
     ap.add_argument("--router-net", type=int, default=77, help="loopback 127.0.N.x for the router part's pods")
     ap.add_argument("--max-new", type=int, default=16)
+    ap.add_argument("--skip", default="", help="steps to leave out, e.g. fingerprint_and_damage (a short lease)")
     ap.add_argument("--smoke", action="store_true", help="two conversations, one restart, no damage/fingerprint")
     ap.add_argument("--prompt-chars", type=int, default=32000, help="document size (32000 chars: 8.5k-9.3k tokens)")
     ap.add_argument("--fillers", type=int, default=48)
