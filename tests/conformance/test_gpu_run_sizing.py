@@ -39,6 +39,9 @@ LOGGED = [
     (1, 11_376_128, 1_185_728, 13, 18_527),
     (2, 21_002_880, 2_188_224, 14, 34_191),
     (2, 15_768_064, 2_186_624, 19, 34_166),
+    # the first run with --max-total-tokens rendered from deviceKVTokens: 65,536 '#tokens' logged, as stated
+    # (server-cold.log of /work/.device/36/tp1, 2026-12-04 15:31 UTC; `qwen-hicache size` gave the same figures)
+    (1, 65_536, 699_264, 1_327, 10_926),
     # what `qwen-hicache size` assumed, for the record: the runtime agrees once its device pool is 32,768 tokens
     (1, 32_768, 495_296, 1_878, 7_739),
 ]

@@ -626,7 +626,8 @@ def bench_record(report: dict) -> dict:
 
 
 def record(raw: list[Path]) -> dict:
-    """Merge the call(s) of one run (a router call may come separately) into bench/gpu_engine.json (by tp)."""
+    """Merge the call(s) of one run (a router call may come separately) into one object of bench/gpu_engine.json:
+    one per run (date and tp), so an earlier run's figures stay beside a later one's."""
     report: dict = {}
     for path in raw:
         part = json.loads(path.read_text())
@@ -635,8 +636,8 @@ def record(raw: list[Path]) -> dict:
         report["steps"] = steps
     rec = bench_record(report)
     runs = json.loads(BENCH_JSON.read_text()) if BENCH_JSON.exists() else []
-    runs = [r for r in runs if r.get("tp") != rec["tp"]] + [rec]
-    BENCH_JSON.write_text(json.dumps(sorted(runs, key=lambda r: r["tp"]), indent=1) + "\n")
+    runs = [r for r in runs if (r.get("date"), r.get("tp")) != (rec["date"], rec["tp"])] + [rec]
+    BENCH_JSON.write_text(json.dumps(sorted(runs, key=lambda r: (r["date"], r["tp"])), indent=1) + "\n")
     return rec
 
 
