@@ -160,15 +160,19 @@ def test_a_worker_recreated_without_its_group_is_found() -> None:
 
 def test_status_names_every_group_its_ready_nodes_their_disks_and_the_last_warm_check() -> None:
     from qwen_hicache import group_status
+    from qwen_hicache import status_model as sm
+    from qwen_hicache.diskusage import DiskUsage
 
     pods = [pod(0, 0, "a/"), pod(0, 1, "a/"), pod(1, 0, "a/"), pod(1, 1, "a/", ready=False)]
-    usage = {"srv-0": {"diskUsedBytes": 10, "diskCapBytes": 100, "diskUsedRatio": 0.1, "fingerprint": "x"},
-             "srv-0-1": {"diskUsedBytes": 20, "diskCapBytes": 100, "diskUsedRatio": 0.2}, "srv-1-1": None}
-    restart = {"results": [{"pod": "srv-0", "warm": True, "storageTokens": 4096}]}
-    entries = group_status.group_entries(NAME, pods, SIZE, 3, usage, restart)
+    usage = {"srv-0": DiskUsage(10, 3, cap_bytes=100, used_ratio=0.1, fingerprint="x"),
+             "srv-0-1": DiskUsage(20, 5, cap_bytes=100, used_ratio=0.2), "srv-1-1": None}
+    result = sm.RestartResult(pod="srv-0", warm=True, storage_tokens=4096)
+    restart = sm.Restart(id="t", phase="Complete", results=[result])
+    entries = [e.wire() for e in group_status.group_entries(NAME, pods, SIZE, 3, usage, restart)]
     assert [(e["group"], e["readyNodes"]) for e in entries] == [(0, 2), (1, 1), (2, 0)]
     assert entries[0]["nodes"][1] == {"node": 1, "pod": "srv-0-1", "ready": True, "diskUsedBytes": 20,
-                                      "diskCapBytes": 100, "diskUsedRatio": 0.2}  # fmt: skip
+                                      "diskCapBytes": 100, "diskUsedRatio": 0.2, "diskPageFiles": 5}  # fmt: skip
     assert entries[0]["lastRestart"] == {"warm": True, "storageTokens": 4096}
     assert entries[2]["nodes"][0] == {"node": 0, "pod": "srv-2", "ready": False}
-    assert group_status.groups_summary(entries, SIZE) == "1/3 groups of 2 nodes ready"
+    typed = group_status.group_entries(NAME, pods, SIZE, 3, usage, restart)
+    assert group_status.groups_summary(typed, SIZE) == "1/3 groups of 2 nodes ready"

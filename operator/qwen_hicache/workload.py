@@ -188,12 +188,7 @@ class GroupSet:
                 applied.append(f"Pod/{lone.leader} (evicted: worker {lone.worker} came back without its group)")
 
     def groups(self, pods: list[Obj], usage: Usage, restart: Restart | None) -> tuple[sm.GroupStatus, ...]:
-        numbers = {pod: {"diskUsedBytes": u.used_bytes, "diskPageFiles": u.page_files, "diskCapBytes": u.cap_bytes,
-                         "diskUsedRatio": u.used_ratio} for pod, u in usage if u is not None}  # fmt: skip
-        numbers = {pod: {k: v for k, v in n.items() if v is not None} for pod, n in numbers.items()}
-        entries = group_status.group_entries(self.name, pods, self.size, self.replicas, numbers,
-                                             restart.wire() if restart else None)  # fmt: skip
-        return tuple(sm.GroupStatus.model_validate(e) for e in entries)
+        return group_status.group_entries(self.name, pods, self.size, self.replicas, dict(usage), restart)
 
 
 def _claim_templates(lws: Obj) -> list[Obj]:
