@@ -176,3 +176,25 @@ def test_status_names_every_group_its_ready_nodes_their_disks_and_the_last_warm_
     assert entries[2]["nodes"][0] == {"node": 0, "pod": "srv-2", "ready": False}
     typed = group_status.group_entries(NAME, pods, SIZE, 3, usage, restart)
     assert group_status.groups_summary(typed, SIZE) == "1/3 groups of 2 nodes ready"
+
+
+def test_a_group_missing_when_the_target_changes_is_planned_in_its_turn_and_never_released_behind() -> None:
+    """LWS is recreating group 1 (old revision, partition held) when the restart begins: it is planned like the
+    others, nothing is taken down while it is missing, and the partition never drops below an unplanned group."""
+    lws, rs = Lws(replicas=3, target="a/"), None
+    rs, _ = step(lws, rs, "a/", "2026-01-01T00:00:00Z")  # the running server's record: Complete
+    away = {k: lws.pods.pop(k) for k in [(1, 0), (1, 1)]}
+    views = group_rollout.group_views(NAME, list(lws.pods.values()), SIZE, replicas=3)
+    planned, actions = rollout.plan_rollout(rs, views, "a/r1", 3, POLICY, "2026-01-01T00:01:00Z")
+    assert [e.pod for e in planned.in_flight] + planned.pending == ["srv-2", "srv-1", "srv-0"]
+    assert actions == []  # one group is down already (maxUnavailable 1): nothing more goes down
+    assert group_rollout.group_views(NAME, list(lws.pods.values()), SIZE) != views  # without replicas: no placeholder
+    lws.pods.update(away)  # back, on the old revision: the rollout goes on from srv-2 down, each group once
+    lws.become_ready()
+    lws.apply("a/r1", group_rollout.partition_of(planned, 3))  # the new template, every group held
+    for i in range(2, 40):
+        planned, _ = step(lws, planned, "a/r1", f"2026-01-01T00:{i:02d}:00Z")
+        lws.become_ready()
+        if planned.phase == "Complete":
+            break
+    assert [r.pod for r in planned.results] == ["srv-2", "srv-1", "srv-0"] and lws.recreated == [2, 1, 0]

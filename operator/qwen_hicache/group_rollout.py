@@ -71,8 +71,13 @@ def group_view(name: str, group: int, members: dict[int, Obj], size: int) -> Pod
     )
 
 
-def group_views(name: str, pods: list[Obj], size: int) -> list[PodView]:
-    return [group_view(name, g, members, size) for g, members in sorted(groups_of(pods).items())]
+def group_views(name: str, pods: list[Obj], size: int, replicas: int = 0) -> list[PodView]:
+    """A view per group with pods, and (`replicas`) per desired group with none right now: such a group is down,
+    at no target, and a rollout that starts now plans it in its turn. Left out of the plan, it would come back
+    (LWS recreating it at the held partition, on the old revision) behind a partition already lowered past it,
+    and LWS would restart it at once beside the group being rolled: two groups down, no canary, no warm check."""
+    members = groups_of(pods)
+    return [group_view(name, g, members.get(g, {}), size) for g in sorted(set(members) | set(range(replicas)))]
 
 
 def group_index(group_name: str) -> int:

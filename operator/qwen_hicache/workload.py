@@ -163,7 +163,9 @@ class GroupSet:
         return replace(p, children=[held if o is desired else o for o in p.children])
 
     def views(self, pods: list[Obj]) -> list[rollout.PodView]:
-        return group_rollout.group_views(self.name, pods, self.size)
+        """Every desired group, a missing one as down (group_views), once the server has a rollout record: on
+        its first pass a new server's groups are all missing, and that is a creation, not a restart."""
+        return group_rollout.group_views(self.name, pods, self.size, self.replicas if self.restart else 0)
 
     def release(self, kube: KubeClient, live: Live, meta: Obj, p: Plan, rs: Restart,
                 act: rollout.Action) -> Restart | None:  # fmt: skip
