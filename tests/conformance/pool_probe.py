@@ -168,8 +168,11 @@ def run_case(case: dict) -> dict:
         drafts = (draft_pools.token_to_kv_pool,)
     device = _device_report(pools, drafts, requests)
     host = _build_host(server_args, pools, drafts)
-    return {"device": device, "host": host, "page_size": rc.get_schedule().page_size,
-            "kv_cache_dtype": str(target.kv_cache_dtype)}
+    out = {"device": device, "host": host, "page_size": rc.get_schedule().page_size,
+           "kv_cache_dtype": str(target.kv_cache_dtype)}
+    if case.get("budget_bytes"):  # the runtime's own cap and page alignment of a profiled budget (--max-total-tokens)
+        out["budget_tokens"] = target.config_from_budget(case["budget_bytes"]).max_total_num_tokens
+    return out
 
 
 def _device_report(pools, drafts, requests: int) -> dict:

@@ -47,6 +47,10 @@ LOGGED = [
 ]
 
 
+UNALIGNED = 65_536 + 100
+"""A deviceKVTokens that is not a multiple of the page (64)."""
+
+
 def _tiny_model():
     spec = importlib.util.spec_from_file_location("tiny_model", TESTS / "gpu" / "tiny_model.py")
     module = importlib.util.module_from_spec(spec)
@@ -76,6 +80,12 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         args[args.index("--model-path") + 1] = str(model)
         payload.append({"name": f"tp{tp}-{device}", "device_kv_tokens": device,
                         "args": [a for a in args if not a.startswith("--admin-api-key=")]})
+    # A stated pool that is not whole pages, under a GPU budget far larger: the runtime's own cap and alignment.
+    spec = _spec(1, UNALIGNED)
+    args = launch_args(spec, compute_sizing(spec).launch_sizing())
+    args[args.index("--model-path") + 1] = str(model)
+    payload.append({"name": "unaligned", "device_kv_tokens": 65_536, "budget_bytes": 64 << 30,
+                    "args": [a for a in args if not a.startswith("--admin-api-key=")]})
     return run_pool_probe(tree, work, payload, timeout=600)
 
 
@@ -105,3 +115,11 @@ def test_the_split_follows_the_device_pool_the_runtime_profiles(runtime: dict[st
     host sizes are only known when the device pool is (deviceKVTokens must be what the runtime logs)."""
     slots = {device: runtime[f"tp1-{device}"]["host"]["mamba_slots"] for tp, device, *_ in LOGGED if tp == 1}
     assert slots[11_376_128] < 40 < slots[32_768]
+
+
+def test_the_rendered_pool_cap_is_the_pool_the_runtime_builds(runtime: dict[str, dict]) -> None:
+    """`--max-total-tokens` as rendered from an unaligned deviceKVTokens, through the runtime's own
+    `config_from_budget` (its user cap, then page alignment) with room for far more: the operator sized that pool."""
+    got = runtime["unaligned"]
+    assert "error" not in got, got.get("trace")
+    assert got["budget_tokens"] == compute_sizing(_spec(1, UNALIGNED)).device.kv_tokens == 65_600
