@@ -124,11 +124,12 @@ class FakeKube:
         self.put(obj)
         return True
 
-    def patch_status(self, namespace: str, name: str, status: Obj) -> None:
+    def patch_status(self, namespace: str, name: str, status: Obj) -> Obj | None:
         self._call("patch_status", KIND, name)
         server = self.objects[(KIND, namespace, name)]
         server["status"] = merge_patch(server.get("status") or {}, status)
         server["metadata"]["resourceVersion"] = str(next(_versions))
+        return copy.deepcopy(server)
 
     def annotate(self, api_version: str, kind: str, namespace: str, name: str, annotations: dict[str, str]) -> None:
         self._call("annotate", kind, name)

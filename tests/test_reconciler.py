@@ -357,3 +357,27 @@ def test_a_record_an_older_incarnation_left_is_not_reported(runtime: Runtime) ->
     world = _restarted(runtime, diskusage.PreStopRecord("uid-pod-0-0", "failed", "an older pod's"))
     assert "preStop" not in world.status()["restart"]["results"][0]
     assert not [e for e in world.events if e[0] == "Warning"]
+
+
+def test_a_body_of_the_version_last_written_is_acted_on_without_reading_it_again(runtime: Runtime) -> None:
+    """A resync timer's body is Kopf's latest; when it is the version our own status write produced, the GET would
+    return exactly it. An older body (Kopf's watch lagging behind our write) is read afresh."""
+    world = World(runtime).converged()
+    newest = copy.deepcopy(world.kube.server())
+    world.kube.reset()
+    reconciler.reconcile(world.kube, newest, lambda *a: None, NOW[5])
+    assert world.kube.reads == READS_OF_A_PASS[1:] and world.kube.writes == []
+    stale = copy.deepcopy(newest)
+    stale["metadata"]["resourceVersion"] = "1"
+    world.kube.reset()
+    reconciler.reconcile(world.kube, stale, lambda *a: None, NOW[5])
+    assert world.kube.reads == READS_OF_A_PASS and world.kube.writes == []
+
+
+def test_after_a_status_write_a_body_from_before_it_is_read_again(runtime: Runtime) -> None:
+    world = World(runtime)
+    before = copy.deepcopy(world.kube.server())
+    world.reconcile()  # writes the status: a new version
+    world.kube.reset()
+    reconciler.reconcile(world.kube, before, lambda *a: None, NOW[1])
+    assert world.kube.reads[0] == ("get", KIND, NAME)

@@ -49,7 +49,7 @@ class KubeClient(Protocol):
     def get_server(self, namespace: str, name: str) -> Obj | None: ...
     def apply(self, obj: Obj) -> Obj: ...
     def create_if_absent(self, obj: Obj) -> bool: ...
-    def patch_status(self, namespace: str, name: str, status: Obj) -> None: ...
+    def patch_status(self, namespace: str, name: str, status: Obj) -> Obj | None: ...
     def annotate(self, api_version: str, kind: str, namespace: str, name: str,
                  annotations: dict[str, str]) -> None: ...  # fmt: skip
     def resize_claim(self, namespace: str, name: str, storage: str) -> None: ...
@@ -101,12 +101,12 @@ class Kube:
             body=obj, name=meta["name"], namespace=meta.get("namespace"), field_manager=MANAGER, force_conflicts=True
         ).to_dict()
 
-    def patch_status(self, namespace: str, name: str, status: Obj) -> None:
-        """One merge patch of the resource's status subresource."""
+    def patch_status(self, namespace: str, name: str, status: Obj) -> Obj | None:
+        """One merge patch of the resource's status subresource; the resource as the server stored it."""
         res = self._resource(API_VERSION, KIND)
-        res.status.patch(
+        return res.status.patch(
             body={"status": status}, name=name, namespace=namespace, content_type="application/merge-patch+json"
-        )
+        ).to_dict()
 
     def list(self, api_version: str, kind: str, namespace: str, selector: dict[str, str]) -> list[Obj]:
         """Objects of a kind in a namespace matching labels."""

@@ -9,6 +9,7 @@ rollout's step, the router's manifest), then one status patch with the delta.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +51,8 @@ class Outcome:
 
 _locks: dict[tuple[str, str], threading.Lock] = {}
 _locks_guard = threading.Lock()
+_newest: dict[tuple[str, str], str] = {}
+"""resourceVersion of the newest version of each resource this process has read or written (under its lock)."""
 
 
 def _lock_for(namespace: str, name: str) -> threading.Lock:
@@ -78,11 +81,30 @@ def _status_delta(new: Obj, old: Obj) -> Obj:
 def reconcile(kube: KubeClient, body: Obj, post_event: EventSink, now: str | None = None) -> Outcome:
     """Converge one QwenHiCacheServer's children and status."""
     meta = body["metadata"]
-    with _lock_for(meta["namespace"], meta["name"]):
-        fresh = kube.get_server(meta["namespace"], meta["name"])
+    key = (meta["namespace"], meta["name"])
+    with _lock_for(*key):
+        fresh = _current(kube, body, key)
         if fresh is None or fresh["metadata"].get("deletionTimestamp"):
+            _newest.pop(key, None)
             return Outcome()
+        _newest[key] = fresh["metadata"].get("resourceVersion", "")
         return _reconcile_locked(kube, fresh, post_event, now or utc_now())
+
+
+def _current(kube: KubeClient, body: Obj, key: tuple[str, str]) -> Obj | None:
+    """The resource to act on: `body` itself when it is the very version this process last read or wrote, else a
+    fresh GET.
+
+    Why the GET: a trigger's body can predate this process's own last status write (Kopf's watch lags), and a pass
+    on a stale status would repeat a rollout step. A body carrying the resourceVersion of our last read or write
+    *is* that version (versions are never reused), and only this process writes the status, under this lock: so
+    its status is current, exactly as a GET would return it; a newer spec is at most as racy as a GET (the edit's
+    own update event runs the next pass). Resync timers carry Kopf's latest body, so a quiet resource skips the
+    GET; a trigger without a version (a child event) always reads."""
+    rv = body["metadata"].get("resourceVersion")
+    if rv and _newest.get(key) == rv and "spec" in body:
+        return copy.deepcopy(body)
+    return kube.get_server(*key)
 
 
 def _refs(p: Plan, meta: Obj) -> list[gather.Ref]:
@@ -153,13 +175,24 @@ def _reconcile_locked(kube: KubeClient, body: Obj, post_event: EventSink, now: s
     new = build_status(p, obs, old, meta.get("generation", 0), now).wire()  # serialized once, here
     delta = _status_delta(new, stored)
     if delta:
-        kube.patch_status(meta["namespace"], meta["name"], delta)
+        key = (meta["namespace"], meta["name"])
+        _remember(key, None)  # a patch that fails may still have been stored: no version is known until it answers
+        _remember(key, kube.patch_status(*key, delta))
         outcome.status_written = True
     # After the write, so a failed patch (retried next time) is never counted twice.
     metrics.observe_restart_status(meta["namespace"], meta["name"], old.restart, obs.restart, now)
     _post_prestop_failures(body, old.restart, obs.restart, post_event)
     _post_transitions(body, conditions_for(p, obs), old.conditions, post_event)
     return outcome
+
+
+def _remember(key: tuple[str, str], written: Obj | None) -> None:
+    """The version our status patch produced is now the newest we know (None: unknown, read next time)."""
+    rv = ((written or {}).get("metadata") or {}).get("resourceVersion")
+    if rv:
+        _newest[key] = rv
+    else:
+        _newest.pop(key, None)
 
 
 def _post_transitions(body: Obj, new: list[Condition], old: list[Condition] | None, post_event: EventSink) -> None:

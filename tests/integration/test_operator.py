@@ -115,9 +115,9 @@ class CountingKube(Kube):
         self.writes.append(f"apply {obj['kind']}/{obj['metadata']['name']}")
         return super().apply(obj)
 
-    def patch_status(self, namespace: str, name: str, status: dict) -> None:
+    def patch_status(self, namespace: str, name: str, status: dict) -> dict | None:
         self.writes.append(f"status {name}: {sorted(status)}")
-        super().patch_status(namespace, name, status)
+        return super().patch_status(namespace, name, status)
 
 
 def _versions(kube_api: client.ApiClient, custom: client.CustomObjectsApi, ns: str) -> dict[str, str]:
