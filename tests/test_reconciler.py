@@ -381,3 +381,21 @@ def test_after_a_status_write_a_body_from_before_it_is_read_again(runtime: Runti
     world.kube.reset()
     reconciler.reconcile(world.kube, before, lambda *a: None, NOW[1])
     assert world.kube.reads[0] == ("get", KIND, NAME)
+
+
+def test_a_statefulset_event_showing_what_the_last_pass_saw_needs_no_pass(runtime: Runtime) -> None:
+    """Our own apply's event and the controller's revision bookkeeping change nothing a pass reads; readiness,
+    a spec edit (generation) or another incarnation do."""
+    world = World(runtime).converged()
+    sts = copy.deepcopy(world.kube.find("StatefulSet", NAME))
+    assert reconciler.workload_seen(sts)
+    sts["status"]["currentRevision"] = sts["metadata"]["resourceVersion"] = "other"
+    assert reconciler.workload_seen(sts)
+    for path, value in [("status", {"readyReplicas": 1}), ("metadata.generation", 9), ("metadata.uid", "u2")]:
+        changed = copy.deepcopy(sts)
+        *parents, leaf = path.split(".")
+        node = changed
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+        assert not reconciler.workload_seen(changed), path

@@ -153,9 +153,14 @@ class Operator:
         """A deleted server's series leave the operator's metrics (its children go with it by owner reference)."""
         metrics.forget_server(namespace, name)
 
-    async def child_changed(self, body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
-        """A StatefulSet we own changed (readiness, deletion): refresh its owner's status. Kopf never retries
-        event handlers, so a failure is retried here within seconds, then left to the resync timer (never raised)."""
+    async def child_changed(self, body: kopf.Body, logger: logging.Logger, type: str | None = None,
+                            **_: Any) -> None:  # fmt: skip
+        """A StatefulSet we own changed (readiness, deletion): refresh its owner's status. An event showing the set
+        exactly as the last pass saw it (our own apply, the controller's revision bookkeeping) is skipped: that pass
+        would read the same and write nothing. Kopf never retries event handlers, so a failure is retried here
+        within seconds, then left to the resync timer (never raised)."""
+        if type != "DELETED" and reconciler.workload_seen(dict(body)):
+            return
         owner = body.get("metadata", {}).get("labels", {}).get("app.kubernetes.io/instance")
         if owner:  # reconcile() reads the owner itself; a missing owner (deleted) is a no-op there
             ref = {"metadata": {"namespace": body["metadata"]["namespace"], "name": owner}}

@@ -10,8 +10,9 @@ rollout's step, the router's manifest), then one status patch with the delta.
 from __future__ import annotations
 
 import copy
+import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -53,6 +54,8 @@ _locks: dict[tuple[str, str], threading.Lock] = {}
 _locks_guard = threading.Lock()
 _newest: dict[tuple[str, str], str] = {}
 """resourceVersion of the newest version of each resource this process has read or written (under its lock)."""
+_workloads_seen: dict[tuple[str, str], Hashable] = {}
+"""(namespace, name) of a workload -> `workload_mark` of it as the last successful pass left it."""
 
 
 def _lock_for(namespace: str, name: str) -> threading.Lock:
@@ -86,6 +89,7 @@ def reconcile(kube: KubeClient, body: Obj, post_event: EventSink, now: str | Non
         fresh = _current(kube, body, key)
         if fresh is None or fresh["metadata"].get("deletionTimestamp"):
             _newest.pop(key, None)
+            _workloads_seen.pop(key, None)
             return Outcome()
         _newest[key] = fresh["metadata"].get("resourceVersion", "")
         return _reconcile_locked(kube, fresh, post_event, now or utc_now())
@@ -172,6 +176,8 @@ def _reconcile_locked(kube: KubeClient, body: Obj, post_event: EventSink, now: s
             obs = Observed(apply_error=outcome.error, restart=old.restart, router=old.router)
     if p.blocked:
         obs = _what_runs(kube, meta, old, workload)
+    elif not outcome.error:
+        _remember_workload(meta["namespace"], obs.sts)
     new = build_status(p, obs, old, meta.get("generation", 0), now).wire()  # serialized once, here
     delta = _status_delta(new, stored)
     if delta:
@@ -184,6 +190,29 @@ def _reconcile_locked(kube: KubeClient, body: Obj, post_event: EventSink, now: s
     _post_prestop_failures(body, old.restart, obs.restart, post_event)
     _post_transitions(body, conditions_for(p, obs), old.conditions, post_event)
     return outcome
+
+
+def workload_mark(obj: Obj | None) -> Hashable:
+    """All a pass reads of its workload: which incarnation, its spec (by generation), the labels and annotations
+    drift is checked on, deletion, and the ready count the status reports."""
+    if obj is None:
+        return None
+    meta = obj.get("metadata") or {}
+    return (meta.get("uid"), meta.get("generation"), meta.get("deletionTimestamp"),
+            json.dumps([meta.get("labels"), meta.get("annotations")], sort_keys=True),
+            (obj.get("status") or {}).get("readyReplicas"))  # fmt: skip
+
+
+def workload_seen(obj: Obj) -> bool:
+    """Whether the last successful pass of its server already saw this workload exactly (a watch event of our own
+    apply, or of the StatefulSet controller's bookkeeping): a pass on it would read the same and write nothing."""
+    meta = obj.get("metadata") or {}
+    return _workloads_seen.get((meta.get("namespace", ""), meta.get("name", ""))) == workload_mark(obj)
+
+
+def _remember_workload(namespace: str, running: Obj | None) -> None:
+    if running is not None:
+        _workloads_seen[(namespace, running["metadata"]["name"])] = workload_mark(running)
 
 
 def _remember(key: tuple[str, str], written: Obj | None) -> None:
