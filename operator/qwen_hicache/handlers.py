@@ -16,9 +16,9 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from . import driver, metrics, reconciler, rollout
-from .constants import INSTANCE_LABEL, MANAGER, NAME_LABEL, SERVER_APP
-from .kube import Kube, load_api_client
+from . import driver, indexed, metrics, reconciler, rollout
+from .constants import INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGER, NAME_LABEL, SERVER_APP
+from .kube import Kube, KubeClient, load_api_client
 from .plan import parse_spec
 from .settings import Settings
 from .spec import GROUP, PLURAL, VERSION
@@ -34,6 +34,12 @@ def server_pods(name: str, namespace: str, labels: Any, uid: str, meta: Any,
     """Kopf index of serving pods by (namespace, server): the rollout poll reads it instead of listing pods every
     poll per rollout (the watch keeps it current; router pods carry another name label and stay out)."""
     return {(namespace, labels[INSTANCE_LABEL]): (name, uid, meta.get("resourceVersion", ""))}
+
+
+def instance_pods(body: Any, namespace: str, labels: Any, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """Kopf index of every pod the operator made (serving and router) by (namespace, server), whole: a pass reads
+    its pods here instead of listing them (indexed.py)."""
+    return indexed.pod_entry(body, namespace, labels)
 
 
 def _ref(body: Any) -> dict[str, Any]:
@@ -98,9 +104,13 @@ class Operator:
         # which the namespace-scoped install must not have and the operator does not need (one CRD, installed first).
         settings.scanning.disabled = True
 
-    def run(self, body: Any, logger: logging.Logger) -> reconciler.Outcome:
+    def client(self, pods: indexed.PodsIndex | None) -> KubeClient:
+        """The client of one pass: its pod list from Kopf's pod index when the handler was given it."""
+        return self.kube() if pods is None else indexed.IndexedPods(self.kube(), pods)
+
+    def run(self, body: Any, logger: logging.Logger, pods: indexed.PodsIndex | None = None) -> reconciler.Outcome:
         with metrics.track_reconcile(body["metadata"]["namespace"], body["metadata"]["name"]):
-            outcome = reconciler.reconcile(self.kube(), dict(body), post_event)
+            outcome = reconciler.reconcile(self.client(pods), dict(body), post_event)
             if outcome.applied or outcome.status_written:
                 logger.info("reconciled: applied=%s status_written=%s", outcome.applied, outcome.status_written)
             if outcome.namespace_terminating:
@@ -109,22 +119,25 @@ class Operator:
                 raise kopf.TemporaryError(outcome.error, delay=30)
             return outcome
 
-    async def create_resource(self, body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+    async def create_resource(self, body: kopf.Body, logger: logging.Logger,
+                              instance_pods: indexed.PodsIndex | None = None, **_: Any) -> None:  # fmt: skip
         """A new resource: its first reconcile runs in its own lane, never queued behind updates of others. A failed
         pass is retried here (see `_retry`), never by Kopf."""
         ref = _ref(body)
-        await self._retry(lambda: self.creates.run(self.run, ref, logger), ref, logger)
+        await self._retry(lambda: self.creates.run(self.run, ref, logger, instance_pods), ref, logger)
 
-    def reconcile_resource(self, body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+    def reconcile_resource(self, body: kopf.Body, logger: logging.Logger,
+                           instance_pods: indexed.PodsIndex | None = None, **_: Any) -> None:  # fmt: skip
         """Spec changes and operator restarts: one pass now; a failed one is retried on the event loop in the step
         pool (see `_retry`), so the handler itself never fails."""
         try:
-            self.run(body, logger)
+            self.run(body, logger, instance_pods)
         except Exception as err:  # noqa: BLE001 - retried below, then left to the resync timer
             logger.info("reconcile failed, retrying in %.1fs: %s", driver.RETRY_SECONDS[0], err)
             assert self._loop is not None, "configure() runs at start-up"
             ref = _ref(body)
-            later = self._retry(lambda: self.steps.run(self.run, ref, logger), ref, logger, driver.RETRY_SECONDS[0])
+            later = self._retry(lambda: self.steps.run(self.run, ref, logger, instance_pods), ref, logger,
+                                driver.RETRY_SECONDS[0])
             asyncio.run_coroutine_threadsafe(later, self._loop)
 
     async def _retry(self, attempt: Callable[[], Awaitable[object]], ref: dict[str, Any], logger: logging.Logger,
@@ -139,10 +152,11 @@ class Operator:
         await asyncio.sleep(after)
         await driver.retrying(attempt, logger, f"reconcile of {ref['metadata']['name']}")
 
-    def resync(self, body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+    def resync(self, body: kopf.Body, logger: logging.Logger, instance_pods: indexed.PodsIndex | None = None,
+               **_: Any) -> None:  # fmt: skip
         """The periodic level-based resync (repairs drift nobody told us about; a no-op writes nothing). It may
         raise: Kopf retries a timer in memory, without touching the resource."""
-        self.run(body, logger)
+        self.run(body, logger, instance_pods)
 
     def stopped(self, **_: Any) -> None:
         """The operator stops: its step threads end with it (an embedding process keeps running)."""
@@ -154,7 +168,7 @@ class Operator:
         metrics.forget_server(namespace, name)
 
     async def child_changed(self, body: kopf.Body, logger: logging.Logger, type: str | None = None,
-                            **_: Any) -> None:  # fmt: skip
+                            instance_pods: indexed.PodsIndex | None = None, **_: Any) -> None:  # fmt: skip
         """A StatefulSet we own changed (readiness, deletion): refresh its owner's status. An event showing the set
         exactly as the last pass saw it (our own apply, the controller's revision bookkeeping) is skipped: that pass
         would read the same and write nothing. Kopf never retries event handlers, so a failure is retried here
@@ -164,10 +178,12 @@ class Operator:
         owner = body.get("metadata", {}).get("labels", {}).get("app.kubernetes.io/instance")
         if owner:  # reconcile() reads the owner itself; a missing owner (deleted) is a no-op there
             ref = {"metadata": {"namespace": body["metadata"]["namespace"], "name": owner}}
-            await driver.retrying(lambda: self.steps.run(self.run, ref, logger), logger, f"reconcile of {owner}")
+            await driver.retrying(lambda: self.steps.run(self.run, ref, logger, instance_pods), logger,
+                                  f"reconcile of {owner}")
 
     async def drive_rollout(self, stopped: kopf.DaemonStopped, name: str, namespace: str, logger: logging.Logger,
-                            server_pods: kopf.Index[tuple[str, str], PodMark], **_: Any) -> None:
+                            server_pods: kopf.Index[tuple[str, str], PodMark],
+                            instance_pods: indexed.PodsIndex | None = None, **_: Any) -> None:  # fmt: skip
         """Poll quickly while a rollout runs (pods restart on their own schedule); stops when it completes.
         Async: it waits on the event loop, and each step holds a thread of `steps` only while it runs."""
         gate = driver.QuietGate(self.settings.rollout_full_step_seconds)
@@ -180,7 +196,7 @@ class Operator:
                     for n, u, rv in server_pods.get((namespace, name), [])]
             mark, now = driver.world_mark(server, pods), time.monotonic()
             if gate.due(mark, now):
-                outcome = await self.steps.run(self.run, server, logger)
+                outcome = await self.steps.run(self.run, server, logger, instance_pods)
                 gate.stepped(mark, now, acted=outcome.rollout_actions > 0)
 
         await driver.drive(fetch=lambda: self.steps.run(self.kube().get_server, namespace, name), wanted=wanted,
@@ -203,6 +219,8 @@ class Operator:
                       labels={"app.kubernetes.io/managed-by": MANAGER})(self.child_changed)
         kopf.index("", "v1", "pods", registry=registry, id="server_pods",
                    labels={NAME_LABEL: SERVER_APP, INSTANCE_LABEL: kopf.PRESENT})(server_pods)
+        kopf.index("", "v1", "pods", registry=registry, id="instance_pods",
+                   labels={MANAGED_BY_LABEL: MANAGER, INSTANCE_LABEL: kopf.PRESENT})(instance_pods)
         kopf.daemon(*RESOURCE, registry=registry, id="drive_rollout", when=rollout_wanted, cancellation_timeout=10,
                     initial_delay=1)(self.drive_rollout)
         return registry
