@@ -399,3 +399,11 @@ def test_a_statefulset_event_showing_what_the_last_pass_saw_needs_no_pass(runtim
             node = node[part]
         node[leaf] = value
         assert not reconciler.workload_seen(changed), path
+
+
+def test_a_deleted_server_leaves_no_versions_behind(runtime: Runtime) -> None:
+    world = World(runtime).converged()
+    assert reconciler.workload_seen(world.kube.find("StatefulSet", NAME))
+    reconciler.forget(NS, NAME)
+    assert not reconciler.workload_seen(world.kube.find("StatefulSet", NAME))
+    assert (NS, NAME) not in reconciler._newest

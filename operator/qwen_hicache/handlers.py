@@ -164,8 +164,10 @@ class Operator:
         self.creates.shutdown()
 
     def deleted(self, name: str, namespace: str, **_: Any) -> None:
-        """A deleted server's series leave the operator's metrics (its children go with it by owner reference)."""
+        """A deleted server's series leave the operator's metrics and its versions the reconciler's memory (its children
+        go with it by owner reference)."""
         metrics.forget_server(namespace, name)
+        reconciler.forget(namespace, name)
 
     async def child_changed(self, body: kopf.Body, logger: logging.Logger, type: str | None = None,
                             instance_pods: indexed.PodsIndex | None = None, **_: Any) -> None:  # fmt: skip

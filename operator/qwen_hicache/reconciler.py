@@ -210,6 +210,12 @@ def workload_seen(obj: Obj) -> bool:
     return _workloads_seen.get((meta.get("namespace", ""), meta.get("name", ""))) == workload_mark(obj)
 
 
+def forget(namespace: str, name: str) -> None:
+    """A deleted server's bookkeeping goes with it (its workload shares its name)."""
+    _newest.pop((namespace, name), None)
+    _workloads_seen.pop((namespace, name), None)
+
+
 def _remember_workload(namespace: str, running: Obj | None) -> None:
     if running is not None:
         _workloads_seen[(namespace, running["metadata"]["name"])] = workload_mark(running)
