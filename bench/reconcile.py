@@ -55,6 +55,9 @@ EXAMPLE = REPO / "examples" / "qwenhicache.yaml"
 BENCH_AGENT = "qwen-hicache-bench/1"
 MANAGED = "app.kubernetes.io/managed-by=qwen-hicache-operator"
 FINGERPRINT = "qwenhicache.io/fingerprint"
+HANDLED = f"{GROUP}/last-handled-configuration"
+"""Kopf's record that the create handler finished (its last patch of a new resource). A timer pass can converge a
+resource before its create handler ran (the create lane is 2 threads): without this, that patch lands later."""
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 WORKLOADS = frozenset({"statefulsets", "leaderworkersets"})
 LWS = ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")
@@ -144,8 +147,8 @@ def apply_all(api: client.ApiClient, docs: list[dict[str, Any]], threads: int) -
 
 def converged(api: client.ApiClient, nodes: int = 1) -> int:
     """How many resources have their StatefulSet (LeaderWorkerSet when `nodes` > 1), both Services, a current
-    Ready/Progressing status and every cache claim (made by the real StatefulSet controller, in its own time;
-    `nodes` per replica) annotated with the fingerprint."""
+    Ready/Progressing status, every cache claim (made by the real StatefulSet controller, in its own time;
+    `nodes` per replica) annotated with the fingerprint, and Kopf's record of the handled creation."""
     apps, core, custom = client.AppsV1Api(api), client.CoreV1Api(api), client.CustomObjectsApi(api)
     if nodes > 1:
         sts = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in custom.list_cluster_custom_object(
@@ -171,6 +174,7 @@ def converged(api: client.ApiClient, nodes: int = 1) -> int:
             key in sts and key in svc and (key[0], f"{key[1]}-headless") in svc
             and status.get("observedGeneration") == meta["generation"] and {"Ready", "Progressing"} <= types
             and annotated[key] == obj["spec"].get("replicas", 1) * nodes
+            and HANDLED in (meta.get("annotations") or {})
         )  # fmt: skip
     return done
 
