@@ -5,6 +5,8 @@ through stubs (`Runtime`)."""
 from __future__ import annotations
 
 import copy
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -407,3 +409,49 @@ def test_a_deleted_server_leaves_no_versions_behind(runtime: Runtime) -> None:
     reconciler.forget(NS, NAME)
     assert not reconciler.workload_seen(world.kube.find("StatefulSet", NAME))
     assert (NS, NAME) not in reconciler._newest
+
+
+def test_triggers_queued_behind_a_pass_coalesce_into_the_next_one(runtime: Runtime) -> None:
+    """A, running, holds the lock; B and C (child events: no version) wait. Whichever passes first started after
+    the other came, so the other is done when it gets the lock: two passes for three triggers."""
+    world = World(runtime).converged()
+    world.kube.reset()
+    inside, release = threading.Event(), threading.Event()
+    get = world.kube.get
+
+    def slow_get(api_version: str, kind: str, namespace: str, name: str) -> dict | None:
+        if kind == "StatefulSet" and not release.is_set():
+            inside.set()
+            release.wait(5)
+        return get(api_version, kind, namespace, name)
+
+    world.kube.get = slow_get  # type: ignore[method-assign]
+    ref = {"metadata": {"namespace": NS, "name": NAME}}
+    threads = [threading.Thread(target=reconciler.reconcile, args=(world.kube, ref, lambda *a: None, NOW[5]))
+               for _ in range(3)]  # fmt: skip
+    threads[0].start()
+    assert inside.wait(5)
+    for t in threads[1:]:
+        t.start()
+    time.sleep(0.2)  # both wait for the lock
+    release.set()
+    for t in threads:
+        t.join(5)
+    assert [c for c in world.kube.calls if c[:2] == ("get", "StatefulSet")] == [("get", "StatefulSet", NAME)] * 2
+
+
+def test_a_trigger_with_a_version_the_covering_pass_did_not_act_on_still_runs(runtime: Runtime) -> None:
+    """A spec edit's update event carries a version the last pass (acting on the version it knew, without a GET)
+    may not have seen: it is never coalesced away."""
+    world = World(runtime).converged()
+    edited = copy.deepcopy(world.kube.server())
+    edited["metadata"]["resourceVersion"] = "999999"
+    reconciler._passed[(NS, NAME)] = time.monotonic() + 60  # as if a pass started after these triggers came
+    try:
+        world.kube.reset()
+        reconciler.reconcile(world.kube, {"metadata": {"namespace": NS, "name": NAME}}, lambda *a: None, NOW[5])
+        assert world.kube.calls == []
+        reconciler.reconcile(world.kube, edited, lambda *a: None, NOW[5])
+        assert world.kube.reads == READS_OF_A_PASS
+    finally:
+        reconciler.forget(NS, NAME)

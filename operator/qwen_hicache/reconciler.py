@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -54,6 +55,8 @@ _locks: dict[tuple[str, str], threading.Lock] = {}
 _locks_guard = threading.Lock()
 _newest: dict[tuple[str, str], str] = {}
 """resourceVersion of the newest version of each resource this process has read or written (under its lock)."""
+_passed: dict[tuple[str, str], float] = {}
+"""When (time.monotonic()) the last successful pass of each resource started."""
 _workloads_seen: dict[tuple[str, str], Hashable] = {}
 """(namespace, name) of a workload -> `workload_mark` of it as the last successful pass left it."""
 
@@ -82,17 +85,34 @@ def _status_delta(new: Obj, old: Obj) -> Obj:
 
 
 def reconcile(kube: KubeClient, body: Obj, post_event: EventSink, now: str | None = None) -> Outcome:
-    """Converge one QwenHiCacheServer's children and status."""
+    """Converge one QwenHiCacheServer's children and status.
+
+    Triggers of one resource coalesce, as a controller's work queue does: one that waited for the lock while a
+    later-started pass ran is done (that pass read the resource and every child after the trigger came). Timers,
+    child events and the create lane otherwise queued full passes of the same resource behind each other."""
     meta = body["metadata"]
     key = (meta["namespace"], meta["name"])
+    asked = time.monotonic()
     with _lock_for(*key):
+        if _covered(key, asked, meta.get("resourceVersion")):
+            return Outcome()
+        started = time.monotonic()
         fresh = _current(kube, body, key)
         if fresh is None or fresh["metadata"].get("deletionTimestamp"):
-            _newest.pop(key, None)
-            _workloads_seen.pop(key, None)
+            forget(*key)
             return Outcome()
         _newest[key] = fresh["metadata"].get("resourceVersion", "")
-        return _reconcile_locked(kube, fresh, post_event, now or utc_now())
+        outcome = _reconcile_locked(kube, fresh, post_event, now or utc_now())
+        if not outcome.error:
+            _passed[key] = started
+        return outcome
+
+
+def _covered(key: tuple[str, str], asked: float, rv: str | None) -> bool:
+    """Whether a successful pass that started after this trigger came has already seen all it can signal: the
+    children and pods it read afresh, and the resource itself, unless the trigger carries a version other than the
+    newest this process knows (a spec edit that pass, acting on the version it knew, may not have seen)."""
+    return _passed.get(key, asked) > asked and (rv is None or rv == _newest.get(key))
 
 
 def _current(kube: KubeClient, body: Obj, key: tuple[str, str]) -> Obj | None:
@@ -214,6 +234,7 @@ def forget(namespace: str, name: str) -> None:
     """A deleted server's bookkeeping goes with it (its workload shares its name)."""
     _newest.pop((namespace, name), None)
     _workloads_seen.pop((namespace, name), None)
+    _passed.pop((namespace, name), None)
 
 
 def _remember_workload(namespace: str, running: Obj | None) -> None:
