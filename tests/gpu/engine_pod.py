@@ -35,6 +35,7 @@ CORPUS = HERE / "data" / "tiny_corpus.txt"
 SHIM = HERE / "shim"  # flash_attn stand-in (shim/flash_attn/__init__.py)
 ENGINE_PATH: list[str] = []  # extra PYTHONPATH entries for --engine-cmd (the CPU test's engine stand-in)
 ENGINE_CMD: list[str] = []  # replaces `python3 -m sglang.launch_server` (CPU test only)
+EXTRA_ARGS: list[str] = []  # appended to the spec's runtime.extraArgs (a run's condition, e.g. deterministic mode)
 LOG_LINES: list[str] = []
 SERVERS: list[Server] = []  # every server started, so a failed step can stop whatever it left running
 T0 = time.time()
@@ -66,7 +67,8 @@ def spec_file(work: Path, tp: int, replicas: int = 1, model: dict | None = None,
     doc["spec"]["model"].update(model or {})
     doc["spec"]["runtime"]["tensorParallelSize"] = tp
     doc["spec"]["runtime"].update(runtime)
-    tag = hashlib.sha256(json.dumps([replicas, model, runtime], sort_keys=True).encode()).hexdigest()[:8]
+    doc["spec"]["runtime"]["extraArgs"] = doc["spec"]["runtime"].get("extraArgs", []) + EXTRA_ARGS
+    tag = hashlib.sha256(json.dumps([replicas, model, runtime, EXTRA_ARGS], sort_keys=True).encode()).hexdigest()[:8]
     path = work / f"spec-tp{tp}-{tag}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
