@@ -31,6 +31,13 @@ FINGERPRINT_ANNOTATION = f"{ANNOTATION_PREFIX}/fingerprint"
 PREVIOUS_FINGERPRINTS_ANNOTATION = f"{ANNOTATION_PREFIX}/previous-fingerprints"
 """On each cache volume claim: earlier namespaces still kept on it, newest first, comma-separated."""
 
+LWS_PREFIX = "leaderworkerset.sigs.k8s.io"
+"""The labels LWS puts on a multi-node server's pods and claims (render_lws renders, group_rollout reads them)."""
+LWS_NAME_LABEL = f"{LWS_PREFIX}/name"
+GROUP_INDEX_LABEL = f"{LWS_PREFIX}/group-index"
+WORKER_INDEX_LABEL = f"{LWS_PREFIX}/worker-index"
+REVISION_LABEL = f"{LWS_PREFIX}/template-revision-hash"
+
 
 def standard_labels(app: str, instance: str, component: str) -> dict[str, str]:
     """The app.kubernetes.io labels every owned object carries (server and router objects alike)."""

@@ -28,7 +28,7 @@ import copy
 from typing import Any
 
 from . import podlifecycle, render, render_router
-from .constants import pod_script
+from .constants import GROUP_INDEX_LABEL, LWS_NAME_LABEL, WORKER_INDEX_LABEL, pod_script  # noqa: F401 - re-exported
 from .derive import Derived
 from .drift import HASH_ANNOTATION, with_hash
 from .rollout import CONFIG_HASH_ANNOTATION, RESTART_ANNOTATION, allowed_down, target
@@ -38,11 +38,6 @@ Obj = dict[str, Any]
 
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 LWS_KIND = "LeaderWorkerSet"
-LWS_PREFIX = "leaderworkerset.sigs.k8s.io"
-LWS_NAME_LABEL = f"{LWS_PREFIX}/name"
-GROUP_INDEX_LABEL = f"{LWS_PREFIX}/group-index"
-WORKER_INDEX_LABEL = f"{LWS_PREFIX}/worker-index"
-REVISION_LABEL = f"{LWS_PREFIX}/template-revision-hash"
 DEFAULT_DIST_INIT_PORT = 20000
 WORKER_SWEEP = pod_script("worker_sweep.sh")
 WORKER_GUARD_SCRIPT = podlifecycle.GUARD_SCRIPT + WORKER_SWEEP
