@@ -19,7 +19,8 @@ DOC = variant(**{"spec.nodesPerReplica": 2, "spec.runtime.tensorParallelSize": 4
 
 
 def lws(doc: dict = DOC, partition: int = 0) -> dict:
-    return render_lws.get_leaderworkerset(offline_meta(doc), derived(doc), partition)
+    d = derived(doc)
+    return render_lws.get_leaderworkerset(render.get_statefulset(offline_meta(doc), d), d.spec, partition)
 
 
 def containers(pod: dict) -> dict[str, dict]:
@@ -116,7 +117,7 @@ def test_services_budget_and_router_reach_group_leaders_only() -> None:
 
 
 def test_the_partition_is_restamped_and_clamped() -> None:
-    obj = render_lws.render_all(offline_meta(DOC), derived(DOC))[2]
+    obj = render.render_all(offline_meta(DOC), derived(DOC))[2]
     held = render_lws.with_partition(obj, 9)
     assert render_lws.partition_in(held) == 2 and render_lws.partition_in(obj) == 0
     assert held["metadata"]["annotations"] != obj["metadata"]["annotations"]  # the hash covers the partition

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import launch, policies, render, render_lws
+from . import launch, policies, render
 from . import status_model as sm
 from .derive import Derived, derive
 from .geometry import GeometryError, resolve_geometry
@@ -36,7 +36,7 @@ class Plan:
     def objects(self) -> list[Obj]:
         """Every object the operator would apply, the router's manifest with no pod drained (`qwen-hicache
         render`); empty when blocked."""
-        return render_objects(self.meta, self.derived) if self.children and self.derived else []
+        return render.render_all(self.meta, self.derived) if self.children and self.derived else []
 
     @property
     def blocked(self) -> bool:
@@ -62,11 +62,6 @@ class Plan:
     def target(self) -> str:
         """Rollout target every pod should run (see rollout.target)."""
         return self.derived.target if self.derived else ""
-
-
-def render_objects(meta: Obj, d: Derived, manifest: bool = True) -> list[Obj]:
-    """The objects of one server: a StatefulSet of one pod per replica, or LeaderWorkerSet groups across nodes."""
-    return (render_lws.render_all if d.spec.nodes > 1 else render.render_all)(meta, d, manifest)
 
 
 def format_validation_error(err: ValidationError) -> str:
@@ -133,7 +128,7 @@ def _plan_valid(meta: Obj, spec: QwenHiCacheServerSpec, node_allocatable_bytes: 
                                                     "GPU memory and geometry values for extreme numbers")])
     problems = [_sizing_problem(m) for m in d.problems] + policies.evaluate(d)
     problems.sort(key=lambda p: not p.blocking)
-    children = [] if any(p.blocking for p in problems) else render_objects(meta, d, manifest=False)
+    children = [] if any(p.blocking for p in problems) else render.render_all(meta, d, manifest=False)
     return Plan(spec, children, problems, d, meta)
 
 
