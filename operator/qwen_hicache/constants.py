@@ -47,6 +47,9 @@ def standard_labels(app: str, instance: str, component: str) -> dict[str, str]:
 SERVER_APP, ROUTER_APP = "qwen-hicache-server", "qwen-hicache-router"
 CACHE_VOLUME = "hicache"
 """The cache volume's name in the pod template; the StatefulSet names each claim `hicache-<server>-<n>`."""
+PRESTOP_RECORD = ".qwen-hicache-prestop.json"
+"""The last preStop's outcome, at the cache volume's root (every namespace's pods share it); its outcomes are
+status_model.OUTCOMES. The preStop writes it (podlifecycle), its environment names it (launch)."""
 
 
 def labels(name: str) -> dict[str, str]:

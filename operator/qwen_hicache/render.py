@@ -173,7 +173,8 @@ def get_cache_usage_sidecar(d: Derived) -> Obj:
 def get_container(meta: Obj, d: Derived) -> Obj:
     """The runtime container, started with the derived SGLang flags."""
     spec, sizing, layout = d.spec, d.launch, d.layout
-    env = launch.launch_env(spec, sizing, layout.fingerprint, admin_secret_name(meta["name"]), layout.drain)
+    env = launch.launch_env(spec, sizing, layout.fingerprint, admin_secret_name(meta["name"]),
+                            layout.drain.drain_seconds, layout.drain.flush_seconds)
     container = {
         "name": "sglang",
         "image": spec.runtime.image,
