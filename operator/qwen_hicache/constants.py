@@ -24,6 +24,8 @@ PART_OF_LABEL = "app.kubernetes.io/part-of"
 ANNOTATION_PREFIX = GROUP
 HASH_ANNOTATION = f"{ANNOTATION_PREFIX}/desired-hash"
 RENDER_VERSION_ANNOTATION = f"{ANNOTATION_PREFIX}/render-version"
+RENDER_VERSION = "7"
+"""The pod template's rendering (render.py): bumped when it changes, shown in status.launch."""
 CONFIG_HASH_ANNOTATION = f"{ANNOTATION_PREFIX}/config-hash"
 RESTART_ANNOTATION = f"{ANNOTATION_PREFIX}/restart"
 FINGERPRINT_ANNOTATION = f"{ANNOTATION_PREFIX}/fingerprint"

@@ -15,7 +15,7 @@ from typing import Any
 from . import claim_history, diskusage, engine, render, rollout, router
 from .gather import Live
 from .kube import KubeClient
-from .plan import Plan
+from .plan_model import Plan
 from .status_model import QwenHiCacheServerStatus, Restart
 from .workload import Workload
 

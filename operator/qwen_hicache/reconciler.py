@@ -24,7 +24,8 @@ from .apply import apply_if_drifted
 from .conditions import Condition, transitions
 from .kube import API_ERRORS, KubeClient, namespace_terminating
 from .observed import Observed
-from .plan import Plan, plan
+from .plan import plan
+from .plan_model import Plan
 from .status import build_status, conditions_for
 from .workload import Workload, manager_for
 

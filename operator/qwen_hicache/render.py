@@ -18,6 +18,7 @@ from .constants import (  # noqa: F401 - re-exported
     MANAGED_BY_LABEL,
     MANAGER,
     NAME_LABEL,
+    RENDER_VERSION,
     RENDER_VERSION_ANNOTATION,
     labels,
     owner_reference,
@@ -30,8 +31,6 @@ from .rollout import CONFIG_HASH_ANNOTATION, FINGERPRINT_ANNOTATION, RESTART_ANN
 from .spec import QwenHiCacheServerSpec
 
 Obj = dict[str, Any]
-
-RENDER_VERSION = "7"
 
 HTTP_PORT_NAME = "http"
 
