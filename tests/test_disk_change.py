@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from qwen_hicache import disk_change
-from qwen_hicache.plan import plan
+from qwen_hicache.plan import objects, plan
 from resources import variant
 
 META = {"name": "flash-next", "namespace": "ns", "uid": "u1"}
@@ -11,7 +11,7 @@ META = {"name": "flash-next", "namespace": "ns", "uid": "u1"}
 
 def _sts(**changes: object) -> dict:
     p = plan(META, variant(**changes)["spec"])
-    return next(o for o in p.objects if o["kind"] == "StatefulSet")
+    return next(o for o in objects(p) if o["kind"] == "StatefulSet")
 
 
 def test_same_spec_needs_nothing() -> None:

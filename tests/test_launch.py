@@ -5,7 +5,6 @@ from __future__ import annotations
 from qwen_hicache.cli import offline_meta
 from qwen_hicache.launch import LaunchSizing, launch_args, launch_env
 from qwen_hicache.plan import parse_spec, plan
-from qwen_hicache.podlifecycle import DrainPlan
 from resources import derived, example, variant
 
 SIZING = LaunchSizing(30, 1 << 30, 2 << 30, 1 << 29, 123, 456)
@@ -49,7 +48,7 @@ def test_no_disk_tier_no_storage_flags_or_env() -> None:
     doc = variant(**{"spec.hicache.disk": {"enabled": False}})
     f = _flags(doc)
     assert "--hicache-storage-backend" not in f and "--hicache-storage-prefetch-policy" not in f
-    env = launch_env(parse_spec(doc["spec"]), SIZING, "v1-x", "s", DrainPlan(1, 0, 31))
+    env = launch_env(parse_spec(doc["spec"]), SIZING, "v1-x", "s", 1, 0)
     assert not {e["name"] for e in env} & {"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", "QWEN_HICACHE_FINGERPRINT"}
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from qwen_hicache.cli import offline_meta
-from qwen_hicache.plan import plan
+from qwen_hicache.plan import objects, plan
 from qwen_hicache.policies import evaluate
 from resources import derived, example, variant
 
@@ -74,8 +74,8 @@ def test_a_multi_node_server_renders_groups_not_a_statefulset() -> None:
     doc = variant(**{"spec.nodesPerReplica": 2})
     p = plan(offline_meta(doc), doc["spec"])
     assert not p.blocked, p.problems
-    assert {o["kind"] for o in p.objects} >= {"LeaderWorkerSet", "PodDisruptionBudget"}
-    assert "StatefulSet" not in {o["kind"] for o in p.objects}
+    assert {o["kind"] for o in objects(p)} >= {"LeaderWorkerSet", "PodDisruptionBudget"}
+    assert "StatefulSet" not in {o["kind"] for o in objects(p)}
 
 
 def test_a_node_count_no_node_can_hold_is_refused_with_the_numbers() -> None:

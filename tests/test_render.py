@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from qwen_hicache.cli import offline_meta
-from qwen_hicache.plan import plan
+from qwen_hicache.plan import objects, plan
 from qwen_hicache.render import RENDER_VERSION_ANNOTATION
 from resources import example, variant
 
@@ -41,7 +41,7 @@ VARIANTS = {
 def _render(doc: dict) -> list[dict]:
     p = plan(offline_meta(doc), doc["spec"])
     assert not p.blocked, p.problems
-    return p.objects
+    return objects(p)
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -60,7 +60,7 @@ def _sts(objs: list[dict]) -> dict:
 def test_statefulset_requests_gpus_memory_and_the_disk_tier() -> None:
     doc = example()
     p = plan(offline_meta(doc), doc["spec"])
-    sts = _sts(p.objects)
+    sts = _sts(objects(p))
     pod = sts["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert sts["spec"]["updateStrategy"] == {"type": "OnDelete"}

@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 from qwen_hicache import podlifecycle, render, render_lws, rollout
 from qwen_hicache.cli import offline_meta
-from qwen_hicache.plan import parse_spec, plan
+from qwen_hicache.plan import objects, parse_spec, plan
 from resources import derived, variant
 
 DOC = variant(**{"spec.nodesPerReplica": 2, "spec.runtime.tensorParallelSize": 4,
@@ -19,7 +19,8 @@ DOC = variant(**{"spec.nodesPerReplica": 2, "spec.runtime.tensorParallelSize": 4
 
 
 def lws(doc: dict = DOC, partition: int = 0) -> dict:
-    return render_lws.get_leaderworkerset(offline_meta(doc), derived(doc), partition)
+    d = derived(doc)
+    return render_lws.get_leaderworkerset(render.get_statefulset(offline_meta(doc), d), d.spec, partition)
 
 
 def containers(pod: dict) -> dict[str, dict]:
@@ -104,7 +105,7 @@ def test_cache_guard_makes_the_directory_and_the_worker_one_sweeps_partial_pages
 def test_services_budget_and_router_reach_group_leaders_only() -> None:
     doc = variant(**{"spec.nodesPerReplica": 2, "spec.runtime.tensorParallelSize": 4,
                      "spec.hicache.hostMemoryPerRankGB": 16, "spec.router": {"enabled": True}})  # fmt: skip
-    objs = {(o["kind"], o["metadata"]["name"]): o for o in plan(offline_meta(doc), doc["spec"]).objects}
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in objects(plan(offline_meta(doc), doc["spec"]))}
     leaders = render_lws.leader_selector("flash-next")
     assert ("StatefulSet", "flash-next") not in objs and ("LeaderWorkerSet", "flash-next") in objs
     assert objs[("Service", "flash-next-headless")]["spec"]["selector"] == leaders
@@ -116,7 +117,7 @@ def test_services_budget_and_router_reach_group_leaders_only() -> None:
 
 
 def test_the_partition_is_restamped_and_clamped() -> None:
-    obj = render_lws.render_all(offline_meta(DOC), derived(DOC))[2]
+    obj = render.render_all(offline_meta(DOC), derived(DOC))[2]
     held = render_lws.with_partition(obj, 9)
     assert render_lws.partition_in(held) == 2 and render_lws.partition_in(obj) == 0
     assert held["metadata"]["annotations"] != obj["metadata"]["annotations"]  # the hash covers the partition

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from qwen_hicache import units
+from qwen_hicache.derive import launch_sizing
 from qwen_hicache.geometry import from_hf_config
 from qwen_hicache.launch import MEMORY_FLAGS, launch_args
 from qwen_hicache.sizing import GIB, SizingError, check_fit, compute_sizing
@@ -97,7 +98,7 @@ def test_running_requests_are_capped_by_the_mamba_slots_and_said_so():
     s = sized(raw)
     assert s.device.running_requests == s.device.spec_states == 512 // 5
     assert any("capped by the runtime to 102" in n for n in s.notes)
-    assert launch_args(QwenHiCacheServerSpec.model_validate(raw), s.launch_sizing()).count("256") == 1
+    assert launch_args(QwenHiCacheServerSpec.model_validate(raw), launch_sizing(s)).count("256") == 1
 
 
 def test_unset_request_counts_are_rendered_so_the_runtime_does_not_guess():
@@ -105,7 +106,7 @@ def test_unset_request_counts_are_rendered_so_the_runtime_does_not_guess():
     del raw["runtime"]["maxRunningRequests"], raw["runtime"]["maxMambaCacheSize"]
     spec = QwenHiCacheServerSpec.model_validate(raw)
     s = compute_sizing(spec)
-    args = launch_args(spec, s.launch_sizing())
+    args = launch_args(spec, launch_sizing(s))
     assert args[args.index("--max-running-requests") + 1] == "128"
     assert args[args.index("--max-mamba-cache-size") + 1] == str(128 * 5)
     assert s.device.running_requests == 128
@@ -179,7 +180,7 @@ def test_fractional_host_size_is_floored_to_the_runtime_int():
     raw = example()
     raw["hicache"]["hostMemoryPerRankGB"] = 30.7
     s = sized(raw)
-    assert s.launch_sizing().host_size_gb == 30
+    assert launch_sizing(s).host_size_gb == 30
     assert s.host.kv_tokens == sized(example()).host.kv_tokens
 
 
@@ -356,7 +357,7 @@ def test_explicit_host_mamba_slots_take_the_whole_size_for_kv() -> None:
     # the runtime scales the KV share by device kv / (kv + target and draft keys), so the index takes a bit more
     # of the size on the device side than it gets on the host: 29.7 of 30 GB are spent
     assert 29.5e9 < kv_plus_index <= 30e9 + 64 * b.shapes.kv_bytes_per_token + b.shapes.index_bytes_per_page
-    args = launch_args(explicit, b.launch_sizing())
+    args = launch_args(explicit, launch_sizing(b))
     assert args[args.index("--hicache-mamba-host-slots") + 1] == "64"
 
 

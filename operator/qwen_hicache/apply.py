@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .drift import HASH_ANNOTATION, is_applied
-from .gather import Live, key_of
+from .drift import HASH_ANNOTATION, Live, is_applied, key_of
 from .kube import KubeClient
 
 Obj = dict[str, Any]

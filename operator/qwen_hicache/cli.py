@@ -50,12 +50,14 @@ def _plan_or_exit(doc: dict[str, Any]) -> Any:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
+    from .plan import objects
+
     failed = False
     for doc in load_resources(args.file):
         p = _plan_or_exit(doc)
         failed |= p.blocked
-        if p.objects:
-            sys.stdout.write(yaml.safe_dump_all(p.objects, sort_keys=False, width=120))
+        if rendered := objects(p):
+            sys.stdout.write(yaml.safe_dump_all(rendered, sort_keys=False, width=120))
     return 2 if failed else 0
 
 

@@ -6,11 +6,24 @@ identical status and therefore no write. Conditions are a list-type map keyed by
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from .typed import ApiModel
 
 Status = Literal["True", "False", "Unknown"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A reason the spec cannot (blocking) or should not (warning) be served as written: the policies find them,
+    a plan carries them, the status turns each into its condition."""
+
+    reason: str
+    message: str
+    blocking: bool = True
+    condition: str = "SpecValid"
+    """The condition type this problem sets to False."""
 
 
 class Condition(ApiModel):

@@ -24,12 +24,21 @@ PART_OF_LABEL = "app.kubernetes.io/part-of"
 ANNOTATION_PREFIX = GROUP
 HASH_ANNOTATION = f"{ANNOTATION_PREFIX}/desired-hash"
 RENDER_VERSION_ANNOTATION = f"{ANNOTATION_PREFIX}/render-version"
+RENDER_VERSION = "7"
+"""The pod template's rendering (render.py): bumped when it changes, shown in status.launch."""
 CONFIG_HASH_ANNOTATION = f"{ANNOTATION_PREFIX}/config-hash"
 RESTART_ANNOTATION = f"{ANNOTATION_PREFIX}/restart"
 FINGERPRINT_ANNOTATION = f"{ANNOTATION_PREFIX}/fingerprint"
 """On each cache volume claim: the cache namespace its pods read now (claims outlive the resource)."""
 PREVIOUS_FINGERPRINTS_ANNOTATION = f"{ANNOTATION_PREFIX}/previous-fingerprints"
 """On each cache volume claim: earlier namespaces still kept on it, newest first, comma-separated."""
+
+LWS_PREFIX = "leaderworkerset.sigs.k8s.io"
+"""The labels LWS puts on a multi-node server's pods and claims (render_lws renders, group_rollout reads them)."""
+LWS_NAME_LABEL = f"{LWS_PREFIX}/name"
+GROUP_INDEX_LABEL = f"{LWS_PREFIX}/group-index"
+WORKER_INDEX_LABEL = f"{LWS_PREFIX}/worker-index"
+REVISION_LABEL = f"{LWS_PREFIX}/template-revision-hash"
 
 
 def standard_labels(app: str, instance: str, component: str) -> dict[str, str]:
@@ -40,6 +49,9 @@ def standard_labels(app: str, instance: str, component: str) -> dict[str, str]:
 SERVER_APP, ROUTER_APP = "qwen-hicache-server", "qwen-hicache-router"
 CACHE_VOLUME = "hicache"
 """The cache volume's name in the pod template; the StatefulSet names each claim `hicache-<server>-<n>`."""
+PRESTOP_RECORD = ".qwen-hicache-prestop.json"
+"""The last preStop's outcome, at the cache volume's root (every namespace's pods share it); its outcomes are
+status_model.OUTCOMES. The preStop writes it (podlifecycle), its environment names it (launch)."""
 
 
 def labels(name: str) -> dict[str, str]:

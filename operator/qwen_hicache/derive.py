@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from . import fingerprint, launch, podlifecycle, rollout
 from .geometry import Geometry
-from .sizing import Sizing, check_fit, compute_sizing, to_bytes
+from .sizing import DEFAULT_HICACHE_RATIO, Sizing, check_fit, compute_sizing, to_bytes
 from .spec import QwenHiCacheServerSpec, flag_name
 
 
@@ -84,6 +84,23 @@ def gpu_fit(spec: QwenHiCacheServerSpec, node_gpus: int | None) -> tuple[str, ..
             "nodes with more GPUs",)
 
 
+def launch_sizing(sized: Sizing) -> launch.LaunchSizing:
+    """The numbers launch and render need from the sizing (here, so that sizing needs no launch)."""
+    return launch.LaunchSizing(
+        host_size_gb=sized.host.hicache_size_gb,
+        pod_memory_request_bytes=sized.pod_memory_request_bytes,
+        pod_memory_limit_bytes=sized.pod_memory_limit_bytes,
+        shm_bytes=sized.shm_bytes,
+        disk_cap_bytes_per_rank=sized.disk.cap_bytes_per_rank,
+        disk_volume_bytes=sized.disk.volume_bytes,
+        host_ratio=sized.host.hicache_ratio or DEFAULT_HICACHE_RATIO,
+        device_mamba_slots=sized.device.mamba_slots or None,
+        device_kv_tokens=None if sized.device.kv_tokens_estimated else sized.device.kv_tokens,
+        max_running_requests=sized.device.requests,
+        host_bytes_per_rank=sized.host.total_bytes,
+    )
+
+
 def budget_rate(spec_rate: int, measured: int | None) -> int:
     """The write rate the flush budget assumes: hicache.disk.writeBytesPerSecond, or the rate the replaced pods'
     disk tiers measured when that is lower (a stop must not lose queued writes to a budget the disk misses)."""
@@ -95,7 +112,7 @@ def derive(spec: QwenHiCacheServerSpec, geometry: Geometry, node_bytes: int | No
     """Every derived fact of a spec whose geometry resolved. Raises SizingError (or an ArithmeticError for
     absurd numbers) when it cannot be sized; the caller turns that into a condition."""
     sized = compute_sizing(spec, geometry)
-    sizing = sized.launch_sizing()
+    sizing = launch_sizing(sized)
     rate = to_bytes(spec.hicache.disk.write_bytes_per_second, "hicache.disk.writeBytesPerSecond")
     inputs = fingerprint.fingerprint_inputs(spec, geometry)
     budget = budget_rate(rate, measured_write_rate)

@@ -2,17 +2,44 @@
 
 The desired object carries a hash of itself in an annotation; the live object matches when every field
 we render is present with the same value. Fields the server or other controllers add are ignored, and
-a field we stopped rendering changes the hash, so its removal is applied too.
+a field we stopped rendering changes the hash, so its removal is applied too. `Live` holds the live side for one
+pass (gather reads it, apply keeps it current), here below both so that apply needs no reader.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 from .constants import HASH_ANNOTATION  # noqa: F401 - re-exported
 from .units import same_quantity
+
+Obj = dict[str, Any]
+Key = tuple[str, str]
+"""(kind, name) of a child."""
+
+
+def key_of(obj: Obj) -> Key:
+    return obj["kind"], obj["metadata"]["name"]
+
+
+@dataclass
+class Live:
+    """The children as the cluster has them, by (kind, name); None: absent. Updated by the apply helper with
+    what it applied, so later steps of the same pass compare against what is there now."""
+
+    objects: dict[Key, Obj | None] = field(default_factory=dict)
+
+    def get(self, key: Key) -> Obj | None:
+        return self.objects.get(key)
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self.objects
+
+    def put(self, key: Key, obj: Obj | None) -> None:
+        self.objects[key] = obj
 
 
 def content_hash(obj: Any) -> str:

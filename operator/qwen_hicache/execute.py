@@ -10,16 +10,18 @@ and records what happened.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from . import claim_history, diskusage, engine, render, rollout, router
 from .gather import Live
 from .kube import KubeClient
-from .plan import Plan
+from .plan_model import Plan
 from .status_model import QwenHiCacheServerStatus, Restart
-from .workload import Workload
 
 Obj = dict[str, Any]
+Release = Callable[[Restart, rollout.Action], Restart | None]
+"""How the workload takes one unit down (`Workload.release`, bound to the pass); None: not now."""
 
 
 def ensure_admin_secret(kube: KubeClient, meta: Obj, old: QwenHiCacheServerStatus, applied: list[str]) -> str:
@@ -41,12 +43,13 @@ def annotate_claims(kube: KubeClient, meta: Obj, claims: list[Obj], fingerprint:
     return claim_history.previous_on_claims(claims, fingerprint)
 
 
-def run_rollout(kube: KubeClient, live: Live, meta: Obj, old: Restart | None, p: Plan, pods: list[Obj],
-                router_pods: list[Obj], workload: Workload, now: str) -> tuple[Restart, int]:  # fmt: skip
+def run_rollout(kube: KubeClient, live: Live, meta: Obj, old: Restart | None, p: Plan, views: list[rollout.PodView],
+                router_pods: list[Obj], release: Release, now: str) -> tuple[Restart, int]:  # fmt: skip
     """Advance the restart state machine one step and perform its side effects; the new state and how many
-    actions it attempted (an attempt's effect may show only in the engine: the next step must look again)."""
+    actions it attempted (an attempt's effect may show only in the engine: the next step must look again).
+    `views` and `release` are the workload's units and its way to take one down (pods, or LWS groups)."""
     policy = p.derived.policy
-    rs, actions = rollout.plan_rollout(old, workload.views(pods), p.target, p.spec.replicas, policy, now)
+    rs, actions = rollout.plan_rollout(old, views, p.target, p.spec.replicas, policy, now)
     port, prompt = p.spec.runtime.port, rollout.canary_prompt(meta["name"])
     for act in actions:
         if act.kind == "canary":
@@ -55,7 +58,7 @@ def run_rollout(kube: KubeClient, live: Live, meta: Obj, old: Restart | None, p:
             rs = rollout.canary_sent(rs, act.pod, res.prompt_tokens, res.error, written)
         elif act.kind == "delete":
             if router.ready_to_delete(kube, live, meta, p.spec, rs, act.pod, router_pods) and (
-                    taken := workload.release(kube, live, meta, p, rs, act)) is not None:
+                    taken := release(rs, act)) is not None:
                 rs = rollout.deleted(taken, act.pod, now)
         elif act.kind == "baseline":
             rs = rollout.baseline_read(rs, act.pod, act.uid, engine.cache_metrics(act.ip, port))

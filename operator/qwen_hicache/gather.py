@@ -8,40 +8,18 @@ the executor acts on what was gathered and the reconciler only sequences.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from . import diskusage, engine, units
 from .constants import CACHE_VOLUME, INSTANCE_LABEL, matches, owned_selector, router_selector, selector
+from .drift import Key, Live, key_of  # noqa: F401 - re-exported
 from .kube import KubeClient
 from .observed import CRASH_LOOPING, POD_FAILING, PodProblem
 
 Obj = dict[str, Any]
-Key = tuple[str, str]
-"""(kind, name) of a child."""
 LISTED_KINDS = frozenset({"Service"})
 """Kinds a server owns several objects of: read with one list by the owned-object labels."""
-
-
-def key_of(obj: Obj) -> Key:
-    return obj["kind"], obj["metadata"]["name"]
-
-
-@dataclass
-class Live:
-    """The children as the cluster has them, by (kind, name); None: absent. Updated by the apply helper with
-    what it applied, so later steps of the same pass compare against what is there now."""
-
-    objects: dict[Key, Obj | None] = field(default_factory=dict)
-
-    def get(self, key: Key) -> Obj | None:
-        return self.objects.get(key)
-
-    def __contains__(self, key: Key) -> bool:
-        return key in self.objects
-
-    def put(self, key: Key, obj: Obj | None) -> None:
-        self.objects[key] = obj
 
 
 Ref = tuple[str, str, str]

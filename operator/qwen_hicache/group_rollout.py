@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .render_lws import GROUP_INDEX_LABEL, WORKER_INDEX_LABEL
+from .constants import GROUP_INDEX_LABEL, WORKER_INDEX_LABEL
 from .rollout import PodView
 from .status_model import Restart
 

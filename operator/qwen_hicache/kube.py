@@ -18,8 +18,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.discovery import LazyDiscoverer
 from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError
 
-from .constants import MANAGER
-from .spec import API_VERSION, KIND
+from .constants import API_VERSION, KIND, MANAGER
 
 Obj = dict[str, Any]
 API_ERRORS = (ApiException, DynamicApiError)

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .podlifecycle import PRESTOP_RECORD, DrainPlan
+from .constants import PRESTOP_RECORD
 from .spec import QwenHiCacheServerSpec
 
 MODEL_MOUNT = "/models"
@@ -155,9 +155,10 @@ def cache_dir(fingerprint: str) -> str:
     return f"{CACHE_MOUNT}/{fingerprint}"
 
 
-def launch_env(spec: QwenHiCacheServerSpec, sizing: LaunchSizing, fingerprint: str,
-               admin_secret: str, drain: DrainPlan) -> list[dict[str, Any]]:
-    """Environment of the runtime container: file tier, admin key, drain settings, then the user's env."""
+def launch_env(spec: QwenHiCacheServerSpec, sizing: LaunchSizing, fingerprint: str, admin_secret: str,
+               drain_seconds: int, flush_seconds: int) -> list[dict[str, Any]]:  # fmt: skip
+    """Environment of the runtime container: file tier, admin key, drain settings (the stop budget's terms,
+    `podlifecycle.DrainPlan`), then the user's env."""
     env: list[dict[str, Any]] = []
     if spec.hicache.disk.enabled:
         env.append({"name": STORAGE_DIR_ENV, "value": cache_dir(fingerprint)})
@@ -165,14 +166,14 @@ def launch_env(spec: QwenHiCacheServerSpec, sizing: LaunchSizing, fingerprint: s
         if sizing.disk_cap_bytes_per_rank:
             env.append({"name": MAX_SIZE_ENV, "value": str(sizing.disk_cap_bytes_per_rank)})
         # What the preStop flush could not write is drained at SIGTERM within the same budget.
-        env.append({"name": DRAIN_TIMEOUT_ENV, "value": str(drain.flush_seconds)})
+        env.append({"name": DRAIN_TIMEOUT_ENV, "value": str(flush_seconds)})
         env += prestop_record_env()
     env.append({"name": ADMIN_KEY_ENV,
                 "valueFrom": {"secretKeyRef": {"name": admin_secret, "key": ADMIN_SECRET_KEY}}})
     env += [
         {"name": "QWEN_HICACHE_PORT", "value": str(spec.runtime.port)},
-        {"name": "QWEN_HICACHE_DRAIN_SECONDS", "value": str(drain.drain_seconds)},
-        {"name": "QWEN_HICACHE_FLUSH_SECONDS", "value": str(drain.flush_seconds)},
+        {"name": "QWEN_HICACHE_DRAIN_SECONDS", "value": str(drain_seconds)},
+        {"name": "QWEN_HICACHE_FLUSH_SECONDS", "value": str(flush_seconds)},
     ]
     env += [{"name": e.name, "value": e.value} for e in spec.runtime.env]
     return env

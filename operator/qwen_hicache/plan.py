@@ -5,68 +5,24 @@ The Kopf handlers and the CLI both call `plan()`; nothing here touches the netwo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
-from . import launch, policies, render, render_lws
-from . import status_model as sm
-from .derive import Derived, derive
+from . import policies, render
+from .derive import derive
 from .geometry import GeometryError, resolve_geometry
+from .plan_model import Plan
 from .sizing import SizingError
 from .spec import QwenHiCacheServerSpec, name_problem
 
 Obj = dict[str, Any]
 
 
-@dataclass(frozen=True)
-class Plan:
-    """What the operator should do for one resource, and what it will report."""
-
-    spec: QwenHiCacheServerSpec | None
-    children: list[Obj] = field(default_factory=list)
-    """What the reconciler applies, in order (the router's manifest is rendered by router.py, per pass)."""
-    problems: list[policies.Problem] = field(default_factory=list)
-    derived: Derived | None = None
-    """Everything derived from a spec that could be sized (None for an invalid or unsizable spec)."""
-    meta: Obj = field(default_factory=dict)
-
-    @property
-    def objects(self) -> list[Obj]:
-        """Every object the operator would apply, the router's manifest with no pod drained (`qwen-hicache
-        render`); empty when blocked."""
-        return render_objects(self.meta, self.derived) if self.children and self.derived else []
-
-    @property
-    def blocked(self) -> bool:
-        """True when nothing may be applied (a blocking problem, or an unparseable spec)."""
-        return any(p.blocking for p in self.problems)
-
-    @property
-    def launch(self) -> sm.Launch | None:
-        """`status.launch` of this plan (None when nothing could be derived)."""
-        return launch_status(self.derived) if self.derived else None
-
-    @property
-    def sizing(self) -> sm.Sizing | None:
-        """`status.sizing` of this plan."""
-        return self.derived.sizing.as_status(self.derived.fit) if self.derived else None
-
-    @property
-    def cache(self) -> sm.Cache | None:
-        """`status.cache` of this plan (None without a disk tier)."""
-        return cache_status(self.derived) if self.derived and self.derived.spec.hicache.disk.enabled else None
-
-    @property
-    def target(self) -> str:
-        """Rollout target every pod should run (see rollout.target)."""
-        return self.derived.target if self.derived else ""
-
-
-def render_objects(meta: Obj, d: Derived, manifest: bool = True) -> list[Obj]:
-    """The objects of one server: a StatefulSet of one pod per replica, or LeaderWorkerSet groups across nodes."""
-    return (render_lws.render_all if d.spec.nodes > 1 else render.render_all)(meta, d, manifest)
+def objects(p: Plan) -> list[Obj]:
+    """Every object the operator would apply, the router's manifest with no pod drained (`qwen-hicache
+    render`); empty when blocked."""
+    return render.render_all(p.meta, p.derived) if p.children and p.derived else []
 
 
 def format_validation_error(err: ValidationError) -> str:
@@ -81,13 +37,6 @@ def format_validation_error(err: ValidationError) -> str:
 def parse_spec(raw: Obj) -> QwenHiCacheServerSpec:
     """Validate a spec dict with exactly the rules the CRD carries."""
     return QwenHiCacheServerSpec.model_validate(raw)
-
-
-def launch_status(d: Derived) -> sm.Launch:
-    """The derived launch configuration shown in status (what the pods actually run)."""
-    tp = d.spec.runtime.tensor_parallel_size
-    return sm.Launch(image=d.spec.runtime.image, tensor_parallel_size=tp, gpus_per_pod=tp // d.spec.nodes,
-                     host_memory_per_rank_gb=d.launch.host_size_gb, args=d.args, render_version=render.RENDER_VERSION)
 
 
 def _sizing_problem(message: str) -> policies.Problem:
@@ -133,15 +82,5 @@ def _plan_valid(meta: Obj, spec: QwenHiCacheServerSpec, node_allocatable_bytes: 
                                                     "GPU memory and geometry values for extreme numbers")])
     problems = [_sizing_problem(m) for m in d.problems] + policies.evaluate(d)
     problems.sort(key=lambda p: not p.blocking)
-    children = [] if any(p.blocking for p in problems) else render_objects(meta, d, manifest=False)
+    children = [] if any(p.blocking for p in problems) else render.render_all(meta, d, manifest=False)
     return Plan(spec, children, problems, d, meta)
-
-
-def cache_status(d: Derived) -> sm.Cache:
-    """The disk cache's identity and stop budget, as reported in `status.cache`."""
-    layout = d.layout
-    return sm.Cache(fingerprint=layout.fingerprint, directory=launch.cache_dir(layout.fingerprint),
-                    inputs=sm.FingerprintInputs.model_validate(layout.inputs),
-                    drain_seconds=layout.drain.drain_seconds, flush_seconds=layout.drain.flush_seconds,
-                    termination_grace_period_seconds=layout.drain.grace_seconds,
-                    measured_write_bytes_per_second=d.measured_write_rate)

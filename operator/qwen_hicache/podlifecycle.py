@@ -27,13 +27,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .constants import pod_script
+from .constants import PRESTOP_RECORD, pod_script  # noqa: F401 - re-exported
 from .spec import QwenHiCacheServerSpec
 
 MARKER = ".qwen-hicache-fingerprint"
-PRESTOP_RECORD = ".qwen-hicache-prestop.json"
-"""The last preStop's outcome, at the cache volume's root (every namespace's pods share it); its outcomes are
-status_model.OUTCOMES."""
 
 # The stop timeline, term by term (tests/runtime pins the runtime's constants against the wheel's own code).
 PRESTOP_POLL_SECONDS = 6

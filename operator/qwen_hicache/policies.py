@@ -7,24 +7,12 @@ applying anything (no half-valid workload); warnings become a condition and an e
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from . import launch, runtime_flags, units
+from .conditions import Problem
 from .derive import Derived
 from .geometry import Geometry
 from .spec import QwenHiCacheServerSpec
-
-
-@dataclass(frozen=True)
-class Problem:
-    """A reason the spec cannot (blocking) or should not (warning) be served as written."""
-
-    reason: str
-    message: str
-    blocking: bool = True
-    condition: str = "SpecValid"
-    """The condition type this problem sets to False."""
-
 
 Check = Callable[[Derived], Problem | None]
 

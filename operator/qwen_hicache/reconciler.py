@@ -10,6 +10,7 @@ rollout's step, the router's manifest), then one status patch with the delta.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import threading
 import time
@@ -24,7 +25,8 @@ from .apply import apply_if_drifted
 from .conditions import Condition, transitions
 from .kube import API_ERRORS, KubeClient, namespace_terminating
 from .observed import Observed
-from .plan import Plan, plan
+from .plan import plan
+from .plan_model import Plan
 from .status import build_status, conditions_for
 from .workload import Workload, manager_for
 
@@ -157,8 +159,9 @@ def _converge(kube: KubeClient, body: Obj, old: sm.QwenHiCacheServerStatus, p: P
                                       p.derived.layout.fingerprint, disk.keep_old_namespaces) if disk.enabled else ()
     pods = gather.pods(kube, meta)
     workload.repair(kube, meta, pods.serving, outcome.applied)
-    restart, outcome.rollout_actions = execute.run_rollout(kube, live, meta, old.restart, p, pods.serving,
-                                                           pods.router, workload, now)
+    release = functools.partial(workload.release, kube, live, meta, p)
+    restart, outcome.rollout_actions = execute.run_rollout(kube, live, meta, old.restart, p,
+                                                           workload.views(pods.serving), pods.router, release, now)
     routing = router.sync(kube, live, meta, p.spec, restart, pods.router, old.router, outcome.applied)
     running = live.get((workload.kind, meta["name"])) if workload.desired(p) else None  # None: being re-created
     usage = gather.disk_usage(pods.serving) if disk.enabled else ()

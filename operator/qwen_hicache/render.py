@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import diskusage, launch, podlifecycle, render_router
+from . import diskusage, launch, podlifecycle, render_lws, render_router
 from .constants import (  # noqa: F401 - re-exported
     ANNOTATION_PREFIX,
     CACHE_VOLUME,
@@ -18,6 +18,7 @@ from .constants import (  # noqa: F401 - re-exported
     MANAGED_BY_LABEL,
     MANAGER,
     NAME_LABEL,
+    RENDER_VERSION,
     RENDER_VERSION_ANNOTATION,
     labels,
     owner_reference,
@@ -30,8 +31,6 @@ from .rollout import CONFIG_HASH_ANNOTATION, FINGERPRINT_ANNOTATION, RESTART_ANN
 from .spec import QwenHiCacheServerSpec
 
 Obj = dict[str, Any]
-
-RENDER_VERSION = "7"
 
 HTTP_PORT_NAME = "http"
 
@@ -173,7 +172,8 @@ def get_cache_usage_sidecar(d: Derived) -> Obj:
 def get_container(meta: Obj, d: Derived) -> Obj:
     """The runtime container, started with the derived SGLang flags."""
     spec, sizing, layout = d.spec, d.launch, d.layout
-    env = launch.launch_env(spec, sizing, layout.fingerprint, admin_secret_name(meta["name"]), layout.drain)
+    env = launch.launch_env(spec, sizing, layout.fingerprint, admin_secret_name(meta["name"]),
+                            layout.drain.drain_seconds, layout.drain.flush_seconds)
     container = {
         "name": "sglang",
         "image": spec.runtime.image,
@@ -274,14 +274,18 @@ def get_pdb(meta: Obj, spec: QwenHiCacheServerSpec) -> Obj:
 
 
 def render_all(meta: Obj, d: Derived, manifest: bool = True) -> list[Obj]:
-    """Every object the operator applies for one resource, in apply order, each stamped with its hash.
+    """Every object the operator applies for one resource, in apply order, each stamped with its hash: a
+    StatefulSet of one pod per replica, or LeaderWorkerSet groups across nodes (render_lws).
     `manifest=False`: without the router's worker manifest, which the reconciler renders once per pass with the
     rollout's drained pods (router.py); `qwen-hicache render` shows it with none drained."""
-    return [with_hash(o) for o in unstamped(meta, d, manifest)]
+    objects = unstamped(meta, d, manifest)
+    if d.spec.nodes > 1:
+        objects = render_lws.in_groups(objects, d.spec, meta["name"])
+    return [with_hash(o) for o in objects]
 
 
 def unstamped(meta: Obj, d: Derived, manifest: bool = True) -> list[Obj]:
-    """`render_all` before the hash stamp (render_lws swaps in the multi-node pieces, then stamps)."""
+    """The single-node form of `render_all`, before the hash stamp."""
     spec = d.spec
     objects = [
         get_headless_service(meta, spec),

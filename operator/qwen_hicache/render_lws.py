@@ -1,5 +1,6 @@
 """Pure builder of the LeaderWorkerSet a multi-node server runs (`nodesPerReplica > 1`; one node keeps the
-StatefulSet of `render`, unchanged).
+StatefulSet of `render`, unchanged). It is built from that StatefulSet (its metadata, pod template and claim
+templates), so it needs nothing `render` derives and `render` picks the form.
 
 One LWS group per replica, one pod per node: the leader (node 0) is today's server pod, and its workers run the
 same runtime arguments on the other nodes' GPUs. What the runtime and LWS v0.9 decide here (multinode-lws notes):
@@ -27,9 +28,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from . import podlifecycle, render, render_router
-from .constants import pod_script
-from .derive import Derived
+from . import podlifecycle, render_router
+from .constants import (  # noqa: F401 - re-exported
+    GROUP_INDEX_LABEL,
+    LWS_NAME_LABEL,
+    WORKER_INDEX_LABEL,
+    pod_script,
+    selector,
+)
 from .drift import HASH_ANNOTATION, with_hash
 from .rollout import CONFIG_HASH_ANNOTATION, RESTART_ANNOTATION, allowed_down, target
 from .spec import QwenHiCacheServerSpec
@@ -38,11 +44,6 @@ Obj = dict[str, Any]
 
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 LWS_KIND = "LeaderWorkerSet"
-LWS_PREFIX = "leaderworkerset.sigs.k8s.io"
-LWS_NAME_LABEL = f"{LWS_PREFIX}/name"
-GROUP_INDEX_LABEL = f"{LWS_PREFIX}/group-index"
-WORKER_INDEX_LABEL = f"{LWS_PREFIX}/worker-index"
-REVISION_LABEL = f"{LWS_PREFIX}/template-revision-hash"
 DEFAULT_DIST_INIT_PORT = 20000
 WORKER_SWEEP = pod_script("worker_sweep.sh")
 WORKER_GUARD_SCRIPT = podlifecycle.GUARD_SCRIPT + WORKER_SWEEP
@@ -64,7 +65,7 @@ def gpus_per_pod(spec: QwenHiCacheServerSpec) -> int:
 
 def leader_selector(name: str) -> dict[str, str]:
     """The serving pods of a multi-node server: its group leaders (the PDB, Services and router select these)."""
-    return {**render.selector(name), WORKER_INDEX_LABEL: "0"}
+    return {**selector(name), WORKER_INDEX_LABEL: "0"}
 
 
 def _runtime(pod: Obj) -> Obj:
@@ -104,20 +105,17 @@ def _worker(leader: Obj) -> Obj:
     return worker
 
 
-def get_leaderworkerset(meta: Obj, d: Derived, partition: int) -> Obj:
-    """The server's LeaderWorkerSet; `partition`: groups below it keep their revision (the operator lowers it
-    group by group, from the highest index down)."""
-    spec = d.spec
-    template = render.get_pod_template(meta, d)
-    leader = _leader(template, spec)
+def get_leaderworkerset(sts: Obj, spec: QwenHiCacheServerSpec, partition: int) -> Obj:
+    """The server's LeaderWorkerSet in place of its StatefulSet `sts` (`render.get_statefulset`); `partition`:
+    groups below it keep their revision (the operator lowers it group by group, from the highest index down)."""
+    leader = _leader(sts["spec"]["template"], spec)
     lwt: Obj = {
         "size": spec.nodes,
         "restartPolicy": "RecreateGroupOnPodRestart",
         "leaderTemplate": leader,
         "workerTemplate": _worker(leader),
     }
-    claims = render._claim_templates(meta, spec, d.launch)
-    if claims:
+    if claims := sts["spec"].get("volumeClaimTemplates"):
         lwt["volumeClaimTemplates"] = claims
         lwt["persistentVolumeClaimRetentionPolicy"] = {"whenDeleted": "Retain", "whenScaled": "Retain"}
     rolling = {"maxUnavailable": allowed_down(spec.rollout.max_unavailable, spec.replicas), "maxSurge": 0,
@@ -125,7 +123,7 @@ def get_leaderworkerset(meta: Obj, d: Derived, partition: int) -> Obj:
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": LWS_KIND,
-        "metadata": render._metadata(meta, meta["name"]),
+        "metadata": sts["metadata"],
         "spec": {
             "replicas": spec.replicas,
             "startupPolicy": "LeaderCreated",
@@ -141,20 +139,19 @@ def group_dns_name(name: str, namespace: str, group: int) -> str:
     return render_router.worker_host(name, namespace, group, nodes=2)
 
 
-def render_all(meta: Obj, d: Derived, manifest: bool = True, partition: int = 0) -> list[Obj]:
-    """`render.render_all` of a multi-node server: the LeaderWorkerSet in the StatefulSet's place, and the
-    Services and the PodDisruptionBudget select group leaders only (workers serve no API). A client Service the
-    router took over keeps the router's selector."""
-    name = meta["name"]
+def in_groups(objects: list[Obj], spec: QwenHiCacheServerSpec, name: str) -> list[Obj]:
+    """A single-node server's objects (`render.unstamped`) as a multi-node server's: the LeaderWorkerSet in the
+    StatefulSet's place, and the Services and the PodDisruptionBudget select group leaders only (workers serve no
+    API). A client Service the router took over keeps the router's selector."""
     out = []
-    for obj in render.unstamped(meta, d, manifest):
+    for obj in objects:
         if obj["kind"] == "StatefulSet":
-            obj = get_leaderworkerset(meta, d, partition)
+            obj = get_leaderworkerset(obj, spec, 0)
         elif obj["kind"] == "PodDisruptionBudget":
             obj["spec"]["selector"] = {"matchLabels": leader_selector(name)}
-        elif obj["kind"] == "Service" and obj["spec"]["selector"] == render.selector(name):
+        elif obj["kind"] == "Service" and obj["spec"]["selector"] == selector(name):
             obj["spec"]["selector"] = leader_selector(name)
-        out.append(with_hash(obj))
+        out.append(obj)
     return out
 
 

@@ -25,7 +25,6 @@ from fractions import Fraction
 from . import status_model, units
 from .disk_files import DiskFiles, disk_files
 from .geometry import Geometry, GeometryError, profile_fields_merged, resolve_geometry
-from .launch import LaunchSizing
 from .spec import QwenHiCacheServerSpec
 
 GIB = 1 << 30
@@ -574,22 +573,6 @@ class Sizing:
             return self.host.kv_tokens
         length = self.context_length or self.kv_tokens_per_mamba_slot
         return min(self.host.kv_tokens, self.host.mamba_slots * length)
-
-    def launch_sizing(self) -> LaunchSizing:
-        """The numbers render needs."""
-        return LaunchSizing(
-            host_size_gb=self.host.hicache_size_gb,
-            pod_memory_request_bytes=self.pod_memory_request_bytes,
-            pod_memory_limit_bytes=self.pod_memory_limit_bytes,
-            shm_bytes=self.shm_bytes,
-            disk_cap_bytes_per_rank=self.disk.cap_bytes_per_rank,
-            disk_volume_bytes=self.disk.volume_bytes,
-            host_ratio=self.host.hicache_ratio or DEFAULT_HICACHE_RATIO,
-            device_mamba_slots=self.device.mamba_slots or None,
-            device_kv_tokens=None if self.device.kv_tokens_estimated else self.device.kv_tokens,
-            max_running_requests=self.device.requests,
-            host_bytes_per_rank=self.host.total_bytes,
-        )
 
     def as_status(self, fit: tuple[str, ...] = ()) -> status_model.Sizing:
         """`status.sizing`: every derived number, the terms and the problems (with the node fit's). Every

@@ -18,7 +18,7 @@ from . import status_model as sm
 from .conditions import Condition, condition, merge
 from .diskusage import DiskUsage
 from .observed import CRASH_LOOPING, POD_FAILING, Observed, PodProblem  # noqa: F401 - re-exported
-from .plan import Plan
+from .plan_model import Plan
 
 
 def _validity(plan: Plan) -> list[Condition]:

@@ -14,15 +14,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Protocol
 
-from . import disk_change, gather, group_rollout, group_status, policies, render_lws, rollout
+from . import disk_change, gather, group_rollout, group_status, render_lws, rollout
 from . import status_model as sm
 from .apply import apply_if_drifted
+from .conditions import Problem
 from .constants import owner_reference
 from .diskusage import DiskUsage
 from .drift import is_subset
 from .gather import Live
 from .kube import API_ERRORS, KubeClient
-from .plan import Plan
+from .plan_model import Plan
 from .status_model import Restart
 from .units import binary
 
@@ -82,9 +83,9 @@ class ServingSet:
         if change.kind == "none":
             return p
         if change.refused:
-            return _refused(p, policies.Problem(change.reason, change.message))
+            return _refused(p, Problem(change.reason, change.message))
         if change.kind == "grow" and (why := _expand_claims(kube, meta, claims, change.size or "")):
-            return _refused(p, policies.Problem("DiskExpansionRefused", why))
+            return _refused(p, Problem("DiskExpansionRefused", why))
         if kube.delete_orphaning("apps/v1", self.kind, meta["namespace"], meta["name"], current["metadata"]["uid"]):
             applied.append(f"{self.kind}/{meta['name']} (deleted, pods orphaned)")
             post_event(body, "Normal", change.reason, change.message)
@@ -154,7 +155,7 @@ class GroupSet:
             return p
         current = live.get((self.kind, self.name))
         if current is not None and not is_subset(_claim_templates(desired), _claim_templates(current)):
-            return _refused(p, policies.Problem("DiskChangeRefused", (
+            return _refused(p, Problem("DiskChangeRefused", (
                 "hicache.disk (enabled, size or storageClassName) cannot change on a multi-node server yet: a "
                 "LeaderWorkerSet's claim templates are fixed; set it back to what runs")))
         if p.spec.hicache.disk.enabled and p.spec.hicache.disk.retention == "Delete":
@@ -209,7 +210,7 @@ def _own_claims(kube: KubeClient, meta: Obj, claims: list[Obj], applied: list[st
             applied.append(f"PersistentVolumeClaim/{claim['metadata']['name']} (owned: retention Delete)")
 
 
-def _refused(p: Plan, problem: policies.Problem) -> Plan:
+def _refused(p: Plan, problem: Problem) -> Plan:
     return replace(p, children=[], problems=[problem, *p.problems])
 
 

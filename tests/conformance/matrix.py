@@ -11,6 +11,7 @@ import itertools
 import json
 from pathlib import Path
 
+from qwen_hicache.derive import launch_sizing
 from qwen_hicache.geometry import from_hf_config
 from qwen_hicache.launch import launch_args
 from qwen_hicache.sizing import compute_sizing
@@ -80,6 +81,6 @@ def cases() -> list[dict]:
 def runtime_args(spec: QwenHiCacheServerSpec, arch: str) -> list[str]:
     """What `qwen-hicache render` passes the runtime, with the model path pointed at the config directory and
     the admin key (a `$(VAR)` expanded by the kubelet) left out."""
-    args = launch_args(spec, compute_sizing(spec).launch_sizing())
+    args = launch_args(spec, launch_sizing(compute_sizing(spec)))
     args[args.index("--model-path") + 1] = str(HF / ARCHS[arch])
     return [a for a in args if not a.startswith("--admin-api-key=")]

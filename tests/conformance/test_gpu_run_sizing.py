@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conformance.pool_runner import run_pool_probe
+from qwen_hicache.derive import launch_sizing
 from qwen_hicache.launch import launch_args
 from qwen_hicache.sizing import compute_sizing
 from qwen_hicache.spec import QwenHiCacheServerSpec
@@ -76,13 +77,13 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     payload = []
     for tp, device, *_ in LOGGED:
         spec = _spec(tp, device)
-        args = launch_args(spec, compute_sizing(spec).launch_sizing())
+        args = launch_args(spec, launch_sizing(compute_sizing(spec)))
         args[args.index("--model-path") + 1] = str(model)
         payload.append({"name": f"tp{tp}-{device}", "device_kv_tokens": device,
                         "args": [a for a in args if not a.startswith("--admin-api-key=")]})
     # A stated pool that is not whole pages, under a GPU budget far larger: the runtime's own cap and alignment.
     spec = _spec(1, UNALIGNED)
-    args = launch_args(spec, compute_sizing(spec).launch_sizing())
+    args = launch_args(spec, launch_sizing(compute_sizing(spec)))
     args[args.index("--model-path") + 1] = str(model)
     payload.append({"name": "unaligned", "device_kv_tokens": 65_536, "budget_bytes": 64 << 30,
                     "args": [a for a in args if not a.startswith("--admin-api-key=")]})
