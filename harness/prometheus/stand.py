@@ -210,10 +210,10 @@ class Stand:
             time.sleep(0.02)
 
     def restart(self, pod: Pod, cold: bool = False) -> int:
-        """The preStop flush, SIGTERM, a new engine on the same volume; the canary's disk tokens."""
+        """The preStop hook, SIGTERM, a new engine on the same volume; the canary's disk tokens."""
         canary = ("[system 0] You answer questions about cache tiers. " * 40)[: 64 * 18] + " canary"
         pod.call("/generate", {"text": canary, "sampling_params": {"max_new_tokens": 1}})
-        pod.call("/flush_cache?timeout=30", key=ADMIN_KEY)
+        self._prestop(pod)
         pod.engine.send_signal(signal.SIGTERM)
         pod.engine.wait(timeout=20)
         if cold:  # the pages are gone (a replaced volume, a wiped node disk): same namespace, nothing in it
@@ -223,6 +223,19 @@ class Stand:
         self._wait_ready(pod)
         meta = pod.call("/generate", {"text": canary, "sampling_params": {"max_new_tokens": 1}})["meta_info"]
         return int(meta["cached_tokens_details"]["storage"])
+
+    def _prestop(self, pod: Pod) -> None:
+        """The pod's own preStop script (wait, flush, its record on the volume for the sidecar); raises when the
+        flush failed, as the direct call it stands for did."""
+        from qwen_hicache import podlifecycle
+
+        env = {**os.environ, "QWEN_HICACHE_POD_HOST": pod.ip, "QWEN_HICACHE_PORT": str(ENGINE_PORT),
+               "QWEN_HICACHE_ADMIN_API_KEY": ADMIN_KEY, "QWEN_HICACHE_DRAIN_SECONDS": "10",
+               "QWEN_HICACHE_FLUSH_SECONDS": "30", "QWEN_HICACHE_POD_NAME": pod.name,
+               "QWEN_HICACHE_POD_UID": f"{pod.name}-{pod.engine.pid}",
+               "QWEN_HICACHE_PRESTOP_RECORD": str(pod.root / podlifecycle.PRESTOP_RECORD)}  # fmt: skip
+        subprocess.run([sys.executable, "-c", podlifecycle.PRESTOP_SCRIPT], env=env, check=True, timeout=60,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
 
     def rollout(self, rid: str, cold_pods: tuple[str, ...] = (), only: tuple[str, ...] = (),
                 pause_on_cold: bool = True) -> None:

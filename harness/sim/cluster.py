@@ -10,7 +10,8 @@ node lifecycle controllers do their work. ``SimCluster`` plays only what needs a
   token files from the TokenRequest API, every container from its built image with runc (harness.sim.containers),
   init containers, probes, container restarts with the kubelet's crash-loop back-off, status through pods/status);
 - honours graceful deletion: preStop hook, SIGTERM, SIGKILL at the end of the grace period, then the final
-  delete (grace 0, uid precondition) that a kubelet makes once the containers have stopped;
+  delete (grace 0, uid precondition) that a kubelet makes once the containers have stopped; a hook that exits
+  non-zero gets the kubelet's ``FailedPreStopHook`` Warning on the pod (``prestop_failed_event``);
 - ``lose_node()``: a machine vanishes (processes killed, no more heartbeats), for node-loss tests;
 - plays the cluster DNS for pods' hostname/subdomain records (harness.sim.dns), e.g. LWS_LEADER_ADDRESS.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import datetime
 import os
 import random
 import signal
@@ -511,6 +513,8 @@ class SimCluster:
                 pod.record.prestop_exit_codes.append(hook[0])
                 pod.record.prestop_output.append(hook[1][-2000:])
                 pod.record.note(f"preStop exited {hook[0]}")
+                if hook[0]:  # not 0, not killed at the grace limit (None): see prestop_failed_event
+                    self._post_event(pod, prestop_failed_event(pod, pod.procs.container["name"]))
         code, killed = pod.procs.stop_engine(max(grace - (time.monotonic() - began), 2.0))
         if code is not None:
             pod.record.exit_codes.append(code)
@@ -531,6 +535,14 @@ class SimCluster:
         self._ips.release(pod.procs.ip)
         self.pods.pop((pod.namespace, pod.name), None)
 
+    def _post_event(self, pod: LivePod, event: client.CoreV1Event) -> None:
+        """Post an event as the kubelet's recorder does: best effort, a refusal is only noted."""
+        try:
+            self.core.create_namespaced_event(pod.namespace, event)
+            pod.record.note(f"event {event.reason} posted")
+        except Exception as exc:  # noqa: BLE001 - ApiException, or no API server (chaos tests)
+            pod.record.note(f"event {event.reason} not posted: {type(exc).__name__}")
+
     def _confirm_deleted(self, meta: Obj) -> None:
         """The kubelet's last word on a pod whose containers have stopped: delete now, this uid only."""
         body = client.V1DeleteOptions(grace_period_seconds=0, preconditions=client.V1Preconditions(uid=meta["uid"]))
@@ -545,6 +557,22 @@ class SimCluster:
             pod.record.note(f"status not written: {exc.status}")
         except Exception as exc:  # noqa: BLE001 - no API server (chaos tests): the status sync re-posts it
             pod.record.note(f"status not written: {type(exc).__name__}")
+
+
+def prestop_failed_event(pod: LivePod, container: str) -> client.CoreV1Event:
+    """The kubelet's event for a preStop hook that failed (kuberuntime ``executePreStopHook``: reason
+    ``FailedPreStopHook``, Warning, on the pod's container, message ``PreStopHook failed``; it leaves the hook's
+    output out so that secrets do not leak). A hook cut off at the grace limit gets none here: the kubelet stops
+    waiting for it, and whether its later failure is recorded depends on the kubelet's version."""
+    now = datetime.datetime.now(datetime.UTC)
+    ref = client.V1ObjectReference(api_version="v1", kind="Pod", name=pod.name, namespace=pod.namespace,
+                                   uid=pod.uid, field_path=f"spec.containers{{{container}}}")  # fmt: skip
+    return client.CoreV1Event(
+        metadata=client.V1ObjectMeta(name=f"{pod.name}.{time.time_ns():x}", namespace=pod.namespace),
+        involved_object=ref, reason="FailedPreStopHook", message="PreStopHook failed", type="Warning",
+        source=client.V1EventSource(component="kubelet", host=pod.node), first_timestamp=now, last_timestamp=now,
+        count=1, reporting_component="kubelet", reporting_instance=pod.node,
+    )  # fmt: skip
 
 
 def _runnable(pod: Obj) -> bool:

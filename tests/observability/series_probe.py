@@ -13,12 +13,17 @@ sidecar's own script, then scrapes what they expose, as Prometheus would (plus t
   ``StorageMetricsCollector.log_storage_metrics(storage_backend.get_stats())`` and ``log_backuped_tokens``;
   ``damage`` pages flipped and read back (checksum discards), ``eio`` reads that fail with EIO (injected),
   ``dropped`` buffer-mode backup tokens (``log_backup_dropped_tokens``, a series created on its first drop);
-* the sidecar: ``qwen_hicache.diskusage.SCRIPT``'s own ``scan()`` over the namespace directory.
+* the sidecar: ``qwen_hicache.diskusage.SCRIPT``'s own ``scan()`` over the namespace directory;
+* a ``down`` segment's ``prestop``: the pod's own preStop hook (``podlifecycle.PRESTOP_SCRIPT``) run to its end
+  before the pod goes, writing its record on the volume for the next pod's sidecar.
 
 A ``down`` segment is a pod restart: nothing is scraped (the old series end with a staleness marker), then a
-new process (fresh collectors, a new ``instance``, the same cache volume) starts. One stand-in: the runtime's
-config context is not published on CPU, so ``get_observability()`` answers the two bucket settings the
-tokenizer collector reads (None: the runtime's default buckets).
+new process (fresh collectors, a new ``instance``, the same cache volume) starts. Labels the target sets win
+over exported ones, which are kept as ``exported_<name>`` (a PodMonitor without honorLabels). Two stand-ins:
+the runtime's config context is not published on CPU, so ``get_observability()`` answers the two bucket
+settings the tokenizer collector reads (None: the runtime's default buckets); the preStop's runtime is a tiny
+HTTP server answering as ``http_server.flush_cache`` does (200, or 400 with its failure text; ``timeout``: the
+refusal comes after the flush's own timeout, as when the runtime's deferred flush waited out its budget).
 
 Output per scenario: ``{"minutes": N, "series": {"name{labels}": [value or null per minute]}}`` (counters and
 the sidecar's gauges; histogram buckets left out).
@@ -31,13 +36,17 @@ import builtins
 import contextlib
 import errno
 import functools
+import http.server
 import json
 import logging
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
+import threading
+import time
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -54,7 +63,7 @@ warnings.simplefilter("ignore")
 
 import prometheus_client as pc  # noqa: E402
 import torch  # noqa: E402
-from qwen_hicache import diskusage  # noqa: E402
+from qwen_hicache import diskusage, podlifecycle  # noqa: E402
 from sglang.srt.mem_cache import hicache_storage as hs  # noqa: E402
 from sglang.srt.observability import metrics_collector as mc  # noqa: E402
 
@@ -62,7 +71,11 @@ SCRAPE = {"namespace": "ml", "server": "qwen", "pod": "qwen-0", "job": "qwen-hic
 MODEL, PAGE_BYTES = "Qwen/probe", 4096
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
 # The families the rules and the dashboard can read (the rest of the runtime's /metrics is left out).
-KEEP = re.compile(r"^(sglang:(prompt_tokens|cached_tokens|backuped_tokens|hicache_)|qwen_hicache_disk_)")
+KEEP = re.compile(r"^(sglang:(prompt_tokens|cached_tokens|backuped_tokens|hicache_)|qwen_hicache_(disk|prestop)_)")
+FLUSH_SECONDS = 1
+# /flush_cache's answers per outcome: (status, body as http_server.flush_cache sends it, delay in seconds).
+FLUSH_ANSWERS = {"ok": (200, "Cache flushed.\n", 0.0), "failed": (400, "Flush cache failed.\n", 0.0),
+                 "timeout": (400, "Flush cache failed.\n", FLUSH_SECONDS + 0.2)}  # fmt: skip
 
 
 def _sidecar(root: str, fingerprint: str, cap: int):
@@ -97,6 +110,7 @@ class Pod:
         self.storage = storage(labels={"storage_backend": "file", "tp_rank": 0, "dp_rank": 0, "pp_rank": 0,
                                        "pp_size": 1, "attn_cp_rank": 0, "attn_cp_size": 1})  # fmt: skip
         self.instance = f"10.0.0.{10 + incarnation}:30000"
+        self.uid = f"uid-{incarnation}"
 
     def scrape(self, sidecar: dict) -> dict[str, float]:
         """The runtime's /metrics and the sidecar's (its own port on the same pod IP)."""
@@ -114,7 +128,8 @@ def _parse(text: str, extra: dict[str, str]) -> dict[str, float]:
             continue
         if not KEEP.match(m.group(1)):
             continue
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or "")) | extra
+        exported = re.findall(r'(\w+)="([^"]*)"', m.group(2) or "")
+        labels = {f"exported_{k}" if k in extra else k: v for k, v in exported} | extra
         out[m.group(1) + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"] = float(m.group(3))
     return out
 
@@ -171,6 +186,47 @@ def minute(pod: Pod, seg: dict, written: list[str]) -> None:
     pod.storage.log_storage_metrics(stats or mc.StorageMetrics())  # the scheduler step, once a minute
 
 
+class _Runtime(http.server.BaseHTTPRequestHandler):
+    """What the preStop asks the runtime: /metrics (no running request), /flush_cache (the `answer`)."""
+
+    answer = FLUSH_ANSWERS["ok"]
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self._send(200, "sglang:num_running_reqs 0.0\n")
+
+    def do_POST(self) -> None:  # noqa: N802
+        status, body, delay = self.answer
+        time.sleep(delay)
+        self._send(status, body)
+
+    def _send(self, status: int, body: str) -> None:
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def prestop(root: Path, pod: Pod, outcome: str) -> None:
+    """The pod's preStop hook, run to its end (as the kubelet does before SIGTERM) against a runtime answering
+    `outcome`; it leaves its record at the volume's root."""
+    handler = type("Runtime", (_Runtime,), {"answer": FLUSH_ANSWERS[outcome]})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {**os.environ, "QWEN_HICACHE_POD_HOST": "127.0.0.1", "QWEN_HICACHE_PORT": str(server.server_port),
+           "QWEN_HICACHE_DRAIN_SECONDS": "5", "QWEN_HICACHE_FLUSH_SECONDS": str(FLUSH_SECONDS),
+           "QWEN_HICACHE_PRESTOP_RECORD": str(root / podlifecycle.PRESTOP_RECORD),
+           "QWEN_HICACHE_POD_NAME": SCRAPE["pod"], "QWEN_HICACHE_POD_UID": pod.uid}  # fmt: skip
+    try:
+        subprocess.run([sys.executable, "-c", podlifecycle.PRESTOP_SCRIPT], env=env, capture_output=True, timeout=60)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def run(scenario: dict) -> dict:
     mc.get_observability = lambda: SimpleNamespace(prompt_tokens_buckets=None, generation_tokens_buckets=None)
     root = Path(tempfile.mkdtemp(prefix="series-"))
@@ -185,6 +241,8 @@ def run(scenario: dict) -> dict:
         for seg in scenario["segments"]:
             for _ in range(seg["minutes"]):
                 if seg.get("down"):
+                    if pod is not None and seg.get("prestop"):
+                        prestop(root, pod, seg["prestop"])
                     pod = None
                     t += 1
                     continue

@@ -8,6 +8,7 @@ hand fail here.
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -46,10 +47,14 @@ def _operator_metrics() -> dict[str, set[str]]:
             kinds = {"counter": ("_total",), "histogram": _SUFFIXES}.get(family.type, ("",))
             for suffix in kinds:
                 out[family.name + suffix] = labels | ({"le"} if suffix == "_bucket" else set())
-    puts = r'put\("(qwen_hicache_[a-z_]+)", [^\n]*?((?:, \w+=\w+)*)\)$'
-    for name, labels in re.findall(puts, diskusage.SCRIPT, re.M):
-        out[name] = set(re.findall(r"(\w+)=", labels))
-    return out
+    return out | _sidecar_metrics()
+
+
+def _sidecar_metrics() -> dict[str, set[str]]:
+    """The sidecar script's `put(name, value, help, **labels)` calls: name -> label names (multi-line ones too)."""
+    calls = [n for n in ast.walk(ast.parse(diskusage.SCRIPT)) if isinstance(n, ast.Call)
+             and getattr(n.func, "id", "") == "put" and isinstance(n.args[0], ast.Constant)]  # fmt: skip
+    return {c.args[0].value: {k.arg for k in c.keywords if k.arg != "kind"} for c in calls}
 
 
 def _wheel_labels(name: str) -> set[str] | None:

@@ -28,6 +28,7 @@ SIGNALS = {
     "QwenHiCacheDiskReadErrors": "rate(sglang:hicache_storage_read_errors_total[10m])",
     "QwenHiCacheBackupsDropped": None,  # see NO_DATA_BY_DESIGN
     "QwenHiCacheReconcileErrors": "rate(qwen_hicache_reconcile_errors_total[10m])",
+    "QwenHiCachePreStopFlushFailed": "qwen_hicache_prestop_info",  # the rollout's stops flushed: outcome ok
 }
 FIRING_HERE = ("QwenHiCacheRestartCameBackCold", "QwenHiCacheRolloutPaused", "QwenHiCacheReconcileErrors")
 
@@ -103,4 +104,5 @@ def test_the_alerts_this_scenario_causes_are_active(stand: Stand) -> None:
         time.sleep(1)
     assert all(states[a] in ("pending", "firing") for a in FIRING_HERE), states
     assert states["QwenHiCacheBackupsDropped"] == "inactive", states
+    assert states["QwenHiCachePreStopFlushFailed"] == "inactive", states
 

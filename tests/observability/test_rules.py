@@ -2,9 +2,10 @@
 
 `promtool test rules` runs every alert on a firing case and on look-alikes where nothing may fire. The runtime's
 series are not written here: series_probe.py runs, minute by minute, the pinned patched wheel's own code (the
-tokenizer and storage metrics collectors, HiCacheFile with its LRU evictor at the cap) and the cache-usage
-sidecar's script, and scrapes what they expose -- counters that appear on their first increment, a restarted
-pod as a new series after a gap, the evictor's saw-tooth between 0.9 and 1.0 of the cap, idle hours. The
+tokenizer and storage metrics collectors, HiCacheFile with its LRU evictor at the cap), the preStop hook's
+script and the cache-usage sidecar's script, and scrapes what they expose -- counters that appear on their first
+increment, a restarted pod as a new series after a gap, a preStop's record exported by the next pod, the
+evictor's saw-tooth between 0.9 and 1.0 of the cap, idle hours. The
 operator's own series (restarts, rollout phase, reconcile errors) are written here as its metrics module creates
 them (at zero when a rollout starts). The rules as they were before issue 24 run on the same series and must
 stay silent where the runtime's shapes defeated them. promtool is built from the Go module sources pinned in
@@ -46,7 +47,7 @@ SCENARIOS: dict[str, dict] = {
     # Healthy: 60% from disk with idle hours, a warm restart, disk writes below the cap.
     "healthy": {"cap_pages": 4000, "segments": [
         {"minutes": 180, **TRAFFIC, "disk_pages": 4}, {"minutes": 600},
-        {"minutes": 120, **TRAFFIC, "disk_pages": 4}, {"minutes": 3, "down": True},
+        {"minutes": 120, **TRAFFIC, "disk_pages": 4}, {"minutes": 3, "down": True, "prestop": "ok"},
         {"minutes": 60, **TRAFFIC, "disk_pages": 4}, {"minutes": 60}, {"minutes": 60, **TRAFFIC}]},
     "always_low": {"segments": [{"minutes": 480, **LOW}]},
     # The working set exceeds the cap: the evictor evicts every few minutes, across a restart.
@@ -63,6 +64,20 @@ SCENARIOS: dict[str, dict] = {
     # Buffer mode (extraArgs): 30 min without a drop (no series at all), then the first drop.
     "dropped": {"segments": [{"minutes": 30, "disk_pages": 1}, {"minutes": 1, "dropped": 640},
                              {"minutes": 5, "disk_pages": 1}]},
+    # Restarts whose preStop (the pod's own hook script) ended as named; the record shows with the next pod.
+    "prestop_failed": {"segments": [{"minutes": 30}, {"minutes": 3, "down": True, "prestop": "failed"},
+                                    {"minutes": 60}]},
+    "prestop_timeout": {"segments": [{"minutes": 30}, {"minutes": 3, "down": True, "prestop": "timeout"},
+                                     {"minutes": 60}]},
+    "prestop_ok_then_failed": {"segments": [{"minutes": 30}, {"minutes": 3, "down": True, "prestop": "ok"},
+                                            {"minutes": 60}, {"minutes": 3, "down": True, "prestop": "failed"},
+                                            {"minutes": 60}]},
+    "prestop_failed_then_ok": {"segments": [{"minutes": 30}, {"minutes": 3, "down": True, "prestop": "failed"},
+                                            {"minutes": 60}, {"minutes": 3, "down": True, "prestop": "ok"},
+                                            {"minutes": 60}]},
+    "prestop_failed_twice": {"segments": [{"minutes": 30}, {"minutes": 3, "down": True, "prestop": "failed"},
+                                          {"minutes": 60}, {"minutes": 3, "down": True, "prestop": "failed"},
+                                          {"minutes": 60}]},
 }  # fmt: skip
 
 # The operator's own series, as qwen_hicache.metrics creates them (restart and phase series at 0 when a rollout
@@ -84,6 +99,13 @@ OPERATOR = {
 }  # fmt: skip
 
 SERVER = {"namespace": "ml", "server": "qwen"}
+
+
+def _prestop(uid: str, outcome: str) -> dict[str, str]:
+    """The alert's labels for the preStop of probe pod `uid` (series_probe names incarnation N `uid-N`)."""
+    return {**POD_LABELS, "pod_uid": uid, "outcome": outcome}
+
+
 # (alert, series, eval time, labels of the firing alert or None for "must not fire", $value for annotations)
 CASES: list[tuple[str, str, str, dict[str, str] | None, float]] = [
     ("QwenHiCacheRestartCameBackCold", "cold_restart", "4m", SERVER, 1),
@@ -106,6 +128,18 @@ CASES: list[tuple[str, str, str, dict[str, str] | None, float]] = [
     ("QwenHiCacheDiskReadErrors", "read_error_once", "50m", None, 0),
     ("QwenHiCacheBackupsDropped", "dropped", "33m", POD_LABELS, 640),
     ("QwenHiCacheBackupsDropped", "healthy", "1000m", None, 0),  # the deployed mode: the series never exists
+    ("QwenHiCachePreStopFlushFailed", "prestop_failed", "45m", _prestop("uid-0", "failed"), 1),
+    ("QwenHiCachePreStopFlushFailed", "prestop_failed", "20m", None, 0),  # before the first stop: no series
+    ("QwenHiCachePreStopFlushFailed", "prestop_failed", "36m", None, 0),  # first exported at 33m: pending
+    ("QwenHiCachePreStopFlushFailed", "prestop_timeout", "45m", _prestop("uid-0", "timeout"), 1),
+    ("QwenHiCachePreStopFlushFailed", "prestop_ok_then_failed", "80m", None, 0),
+    ("QwenHiCachePreStopFlushFailed", "prestop_ok_then_failed", "110m", _prestop("uid-1", "failed"), 1),
+    ("QwenHiCachePreStopFlushFailed", "prestop_failed_then_ok", "80m", _prestop("uid-0", "failed"), 1),
+    ("QwenHiCachePreStopFlushFailed", "prestop_failed_then_ok", "94m", None, 0),  # the restart's gap
+    ("QwenHiCachePreStopFlushFailed", "prestop_failed_then_ok", "150m", None, 0),  # the next stop flushed
+    ("QwenHiCachePreStopFlushFailed", "prestop_failed_twice", "94m", None, 0),
+    ("QwenHiCachePreStopFlushFailed", "prestop_failed_twice", "110m", _prestop("uid-1", "failed"), 1),
+    ("QwenHiCachePreStopFlushFailed", "healthy", "1000m", None, 0),  # a stop that flushed
 ]
 # Healthy traffic with idle hours and a warm restart: no alert may fire at any of these times.
 HEALTHY_TIMES = ["170m", "300m", "790m", "800m", "830m", "905m", "960m", "1020m", "1080m"]
@@ -230,6 +264,11 @@ def test_the_probe_plays_the_runtimes_shapes(runtime_series: dict) -> None:
     # The evictor's saw-tooth between 0.9 and 1.0 of the cap: no level above 0.95 holds for half an hour.
     assert 0.85 < min(ratios) <= 0.9 < max(ratios) <= 1.0
     assert max(len(run) for run in re.split(r"l+", "".join("h" if r > 0.95 else "l" for r in ratios))) < 30
+    prestop = {s: v.split() for s, v in runtime_series["prestop_ok_then_failed"].items() if "prestop_info" in s}
+    firsts = [(re.search(r'outcome="(\w+)"', s)[1], v.index("1.0")) for s, v in prestop.items()]
+    assert firsts == [("ok", 33), ("failed", 96)]  # each on the next pod's first scrape, none before a stop
+    assert all('exported_pod="qwen-0"' in s and v[:33] == ["_"] * 33 for s, v in prestop.items())
+    assert all(v[93] == "stale" for s, v in prestop.items() if 'outcome="ok"' in s)  # replaced, after a gap
     discards = [s for s in runtime_series["discard"] if "page_discards" in s]
     assert len(discards) == 6 and all(v.split()[0] == "0.0" for s, v in runtime_series["discard"].items()
                                       if "page_discards" in s)  # fmt: skip  # created at zero

@@ -82,6 +82,12 @@ def sim(kube_api: client.ApiClient, namespace: str, tmp_path: Path, sglang_tree:
         yield harness
 
 
+def prestop_failures(core: client.CoreV1Api, namespace: str, pod: str) -> list:
+    """The FailedPreStopHook events on `pod`."""
+    events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={pod}").items
+    return [e for e in events if e.reason == "FailedPreStopHook"]
+
+
 def post(ip: str, path: str, body: dict | None = None, key: str | None = None) -> dict | str:
     req = urllib.request.Request(f"http://{ip}:30000{path}", data=json.dumps(body or {}).encode(), method="POST")
     if key:
@@ -121,7 +127,31 @@ def test_pods_claims_prestop_and_warm_recreation(sim: SimCluster, kube_api: clie
     assert "Cache flushed" in record.prestop_output[0]
     assert record.exit_codes == [0] and record.starts == 2 and record.sigkilled == 0
     assert sim.pvc_dir(namespace, "hicache-demo-0") == pvc_dir
+    assert not prestop_failures(core, namespace, "demo-0")  # a hook that exited 0
     assert generate(sim.pod_ip(namespace, "demo-0"), prompt)["storage"] > 0  # pages survived the restart
+
+
+def test_a_failing_prestop_gets_the_kubelets_warning(sim: SimCluster, kube_api: client.ApiClient,
+                                                     namespace: str) -> None:  # fmt: skip
+    """As the kubelet: FailedPreStopHook (Warning, on the container, without the hook's output), then SIGTERM."""
+    apps, core = client.AppsV1Api(kube_api), client.CoreV1Api(kube_api)
+    sts = statefulset(1)
+    sts["spec"]["template"]["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]["command"] = [
+        "sh", "-c", "echo flush: 400 secret-token; exit 1"]  # fmt: skip
+    apps.create_namespaced_stateful_set(namespace, sts)
+    sim.wait_ready(namespace, "demo", 1)
+    uid = core.read_namespaced_pod("demo-0", namespace).metadata.uid
+    core.delete_namespaced_pod("demo-0", namespace, _preload_content=False)
+    events = sim.wait_for(lambda: prestop_failures(core, namespace, "demo-0"), 20, "FailedPreStopHook")
+    record = sim.history[f"{namespace}/demo-0"]
+    assert record.prestop_exit_codes == [1] and "secret-token" in record.prestop_output[0]
+    (event,) = events
+    ref = event.involved_object
+    assert (event.type, event.message, event.source.component) == ("Warning", "PreStopHook failed", "kubelet")
+    assert (ref.kind, ref.uid, ref.field_path) == ("Pod", uid, "spec.containers{sglang}")
+    assert event.source.host in sim.node_names
+    sim.wait_for(lambda: record.exit_codes, 20, "engine stopped")
+    assert record.exit_codes == [0] and record.sigkilled == 0  # SIGTERM followed as after a success
 
 
 def test_scale_down_and_delete_keep_retained_claims(
