@@ -198,3 +198,32 @@ def test_a_group_missing_when_the_target_changes_is_planned_in_its_turn_and_neve
         if planned.phase == "Complete":
             break
     assert [r.pod for r in planned.results] == ["srv-2", "srv-1", "srv-0"] and lws.recreated == [2, 1, 0]
+
+
+def test_a_group_carried_from_a_retargeted_rollout_is_requeued_behind_the_higher_groups() -> None:
+    """A rollout is retargeted while group 0 is in flight (released, LWS recreating it) and group 1 is done. The
+    new template is applied with every group held, so group 0 comes back on the old revision and is requeued.
+    It must go behind group 1, which is now pending: if it went first, its release would lower the partition
+    past group 1 and LWS would restart that group beside it, with no canary (the LWS SIGKILL e2e test's
+    'results [0], done [0, 1]')."""
+    carried = rollout.RestartEntry(pod="srv-0", step="WaitingReady", uid="old-0", since="2026-01-01T00:00:00Z",
+                                   deleted_at="2026-01-01T00:00:00Z")  # fmt: skip
+    prev = Restart(id="a/r0", phase="Rolling", pending=[], done=["srv-1"], in_flight=[carried], results=[],
+                   started="2026-01-01T00:00:00Z", partition=0)  # fmt: skip
+    pods = [pod(1, w, "a/r0") for w in range(SIZE)] + [pod(0, w, "a/") for w in range(SIZE)]  # 0: old revision
+    rs, actions = rollout.plan_rollout(prev, group_rollout.group_views(NAME, pods, SIZE, replicas=2), "a/r1", 2,
+                                       POLICY, "2026-01-01T00:01:00Z")  # fmt: skip
+    assert rs.pending == ["srv-0"] and [e.pod for e in rs.in_flight] == ["srv-1"]
+    assert [(a.kind, a.pod) for a in actions] == [("canary", "srv-1")]
+
+
+def test_a_group_still_at_its_canary_when_the_rollout_is_retargeted_waits_for_the_higher_groups() -> None:
+    """Retargeted while group 0 is at its canary (up, not yet released) and group 1 is done: group 0 is not
+    carried ahead of group 1, whose release must come first."""
+    canary = rollout.RestartEntry(pod="srv-0", step="Canary", uid="u-old", since="2026-01-01T00:00:00Z")
+    prev = Restart(id="a/r0", phase="Rolling", pending=[], done=["srv-1"], in_flight=[canary], results=[],
+                   started="2026-01-01T00:00:00Z", partition=1)  # fmt: skip
+    pods = [pod(1, w, "a/r0") for w in range(SIZE)] + [pod(0, w, "a/") for w in range(SIZE)]
+    rs, actions = rollout.plan_rollout(prev, group_rollout.group_views(NAME, pods, SIZE, replicas=2), "a/r1", 2,
+                                       POLICY, "2026-01-01T00:01:00Z")  # fmt: skip
+    assert rs.pending == ["srv-0"] and [(a.kind, a.pod) for a in actions] == [("canary", "srv-1")]

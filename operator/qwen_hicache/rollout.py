@@ -186,6 +186,10 @@ class _Pass:
         return True
 
 
+TAKING_DOWN = ("Canary", "Delete")
+"""Steps before the pod is taken down: it still serves."""
+
+
 def _fresh(target: str, pods: list[PodView], now: str, carried: list[RestartEntry] | None = None) -> Restart:
     carried = carried or []
     busy = {e.pod for e in carried}
@@ -196,11 +200,13 @@ def _fresh(target: str, pods: list[PodView], now: str, carried: list[RestartEntr
 
 
 def _carry(prev: Restart | None, now: str) -> list[RestartEntry]:
-    """In-flight pods of a rollout that is being replaced: they stay in flight (their pods may be down), with
-    fresh timeouts, so the new rollout never takes another pod down while they are."""
+    """Taken-down pods of a rollout that is being replaced: they stay in flight (their pods may be down), with
+    fresh timeouts, so the new rollout never takes another pod down while they are. One still at its canary or
+    delete step is up and joins the new rollout's pending pods in their order instead: kept in flight ahead of a
+    higher pending group, its release would lower a LeaderWorkerSet's partition past that group."""
     if not prev or prev.phase not in ("Rolling", "Paused"):
         return []
-    return [e.model_copy(deep=True, update={"since": now}) for e in prev.in_flight]
+    return [e.model_copy(deep=True, update={"since": now}) for e in prev.in_flight if e.step not in TAKING_DOWN]
 
 
 def _pause(rs: Restart, reason: str, message: str) -> Restart:
@@ -213,9 +219,12 @@ def _resume(rs: Restart) -> None:
 
 
 def _requeue(rs: Restart, entry: RestartEntry) -> None:
-    """The pod came back with an older template (the rollout was retargeted meanwhile): roll it again later."""
+    """The pod came back with an older template (the rollout was retargeted meanwhile): roll it again in its turn,
+    highest index first like every pending pod. Not simply first: a LeaderWorkerSet group's release lowers the
+    partition to its index, so a lower group rolled before a higher pending one would restart that one too, with
+    no canary and no warm check."""
     rs.in_flight.remove(entry)
-    rs.pending.insert(0, entry.pod)
+    rs.pending = sorted([*rs.pending, entry.pod], key=lambda name: -_ordinal(name))
 
 
 def _gone(pod: PodView | None, entry: RestartEntry) -> bool:
@@ -236,7 +245,7 @@ def _check(entry: RestartEntry, pod: PodView) -> Action:
 
 def _advance(rs: Restart, entry: RestartEntry, ctx: _Pass) -> Action | None:
     pod = ctx.pods.get(entry.pod)
-    if entry.step in ("Canary", "Delete") and _gone(pod, entry):
+    if entry.step in TAKING_DOWN and _gone(pod, entry):
         entry.step, entry.deleted_at = "WaitingReady", ctx.now
     if entry.step == "Canary":
         return Action("canary", entry.pod, entry.uid or "", pod.ip or "") if pod else None
@@ -290,7 +299,7 @@ def _start_next(rs: Restart, ctx: _Pass) -> list[RestartEntry]:
     """Take pending pods into flight while the budget allows; return the new entries."""
     def takes_down(e: RestartEntry) -> bool:
         pod = ctx.pods.get(e.pod)
-        return e.step in ("Canary", "Delete") and not _gone(pod, e) and bool(pod and pod.available)
+        return e.step in TAKING_DOWN and not _gone(pod, e) and bool(pod and pod.available)
 
     committed = sum(1 for e in rs.in_flight if takes_down(e))
     started = []
