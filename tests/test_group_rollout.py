@@ -220,10 +220,10 @@ def test_a_group_carried_from_a_retargeted_rollout_is_requeued_behind_the_higher
 def test_a_group_still_at_its_canary_when_the_rollout_is_retargeted_waits_for_the_higher_groups() -> None:
     """Retargeted while group 0 is at its canary (up, not yet released) and group 1 is done: group 0 is not
     carried ahead of group 1, whose release must come first."""
-    canary = rollout.RestartEntry(pod="srv-0", step="Canary", uid="u-old", since="2026-01-01T00:00:00Z")
+    pods = [pod(1, w, "a/r0") for w in range(SIZE)] + [pod(0, w, "a/") for w in range(SIZE)]
+    views = group_rollout.group_views(NAME, pods, SIZE, replicas=2)
+    canary = rollout.RestartEntry(pod="srv-0", step="Canary", uid=views[0].uid, since="2026-01-01T00:00:00Z")
     prev = Restart(id="a/r0", phase="Rolling", pending=[], done=["srv-1"], in_flight=[canary], results=[],
                    started="2026-01-01T00:00:00Z", partition=1)  # fmt: skip
-    pods = [pod(1, w, "a/r0") for w in range(SIZE)] + [pod(0, w, "a/") for w in range(SIZE)]
-    rs, actions = rollout.plan_rollout(prev, group_rollout.group_views(NAME, pods, SIZE, replicas=2), "a/r1", 2,
-                                       POLICY, "2026-01-01T00:01:00Z")  # fmt: skip
+    rs, actions = rollout.plan_rollout(prev, views, "a/r1", 2, POLICY, "2026-01-01T00:01:00Z")
     assert rs.pending == ["srv-0"] and [(a.kind, a.pod) for a in actions] == [("canary", "srv-1")]
