@@ -34,6 +34,25 @@ def variant(**changes: Any) -> dict[str, Any]:
 
 DELETE = object()
 
+# The golden renders' inputs (tests/golden): one of each kind of server the operator renders.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "example": example(),
+    "tp1": variant(**{
+        "spec.runtime.tensorParallelSize": 1, "spec.hicache.hostMemoryPerRankGB": 20, "spec.replicas": 1,
+        "spec.runtime.speculative": None, "spec.runtime.gpuMemoryGB": 141,
+    }),
+    "tp4": variant(**{
+        "spec.runtime.tensorParallelSize": 4, "spec.hicache.hostMemoryPerRankGB": 16,
+        "spec.hicache.disk": {"enabled": True, "size": "1Ti", "storageClassName": "fast-nvme", "retention": "Delete"},
+        "spec.runtime.extraArgs": ["--chunked-prefill-size", "8192"],
+        "spec.runtime.env": [{"name": "NCCL_DEBUG", "value": "WARN"}],
+    }),
+    "tp4-2nodes": variant(**{
+        "spec.nodesPerReplica": 2, "spec.runtime.tensorParallelSize": 4, "spec.hicache.hostMemoryPerRankGB": 16,
+        "spec.hicache.disk": {"enabled": True, "size": "1Ti", "retention": "Delete"},
+    }),
+}
+
 
 def operator_settings(**changes: Any) -> Any:
     """The operator's settings for tests: a 1 s resync, a 0.3 s rollout poll, nodes never cached."""
@@ -49,7 +68,7 @@ def derived(doc: dict[str, Any], node_bytes: int | None = None) -> Any:
     from qwen_hicache.plan import parse_spec
 
     spec = parse_spec(doc["spec"])
-    return derive(spec, resolve_geometry(spec.model), node_bytes)
+    return derive(spec, resolve_geometry(spec.model), node_bytes, name=doc.get("metadata", {}).get("name", ""))
 
 # (id, dotted changes, a fragment both pydantic and the API server must put in their message)
 BAD_SPECS: list[tuple[str, dict[str, Any], str]] = [

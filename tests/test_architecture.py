@@ -6,7 +6,13 @@ from __future__ import annotations
 import ast
 import functools
 import re
+import sys
+from collections import Counter
 from pathlib import Path
+from types import FrameType
+
+import pytest
+from resources import VARIANTS
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "operator" / "qwen_hicache"
@@ -63,3 +69,57 @@ def test_the_import_graph_never_grows_a_floor() -> None:
 
 def test_at_most_ten_floors_of_imports() -> None:
     assert max(map(floor, modules())) <= FLOOR_GOAL
+
+
+ENTRY_GOAL = 2
+"""Issue 22: following a spec from `plan()` enters no module more than twice."""
+
+
+def entries_following(doc: dict) -> Counter[str]:
+    """How often `plan()` of `doc` enters each module of the package, traced call by call.
+
+    An entry is a call of a function defined in a module whose nearest calling package frame is in another module
+    (a dataclass's generated `__init__` and a property count). Calls a library makes back into the package during
+    one library call (pydantic running the spec's validators) are one entry: the spec is parsed once. The
+    declared layer-1 modules are the package's vocabulary (names, quantities, the typed base, the runtime's flag
+    table), read like the standard library, and are not counted."""
+    from qwen_hicache.cli import offline_meta
+    from qwen_hicache.plan import plan
+
+    prefix, vocabulary = "qwen_hicache.", {m for m, n in declared_layers().items() if n == 1}
+
+    def module(frame: FrameType | None) -> str | None:
+        name = frame.f_globals.get("__name__", "") if frame else ""
+        return name.removeprefix(prefix) if name.startswith(prefix) else None
+
+    entries: Counter[str] = Counter()
+    via: dict[str, FrameType] = {}
+
+    def profile(frame: FrameType, event: str, _arg: object) -> None:
+        callee = module(frame)
+        if event != "call" or callee is None or callee in vocabulary:
+            return
+        caller, library = frame.f_back, None
+        while caller is not None and module(caller) is None:
+            library, caller = caller, caller.f_back
+        if module(caller) == callee or (library is not None and via.get(callee) is library):
+            return
+        if library is not None:
+            via[callee] = library
+        entries[callee] += 1
+
+    meta = offline_meta(doc)
+    plan(meta, doc["spec"])  # imports and caches first: the walk is what one more pass does
+    sys.setprofile(profile)
+    try:
+        p = plan(meta, doc["spec"])
+    finally:
+        sys.setprofile(None)
+    assert not p.blocked, p.problems
+    return entries
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_following_a_spec_from_plan_enters_no_module_more_than_twice(name: str) -> None:
+    entries = entries_following(VARIANTS[name])
+    assert {m: n for m, n in entries.items() if n > ENTRY_GOAL} == {}, sorted(entries.items())

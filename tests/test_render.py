@@ -15,27 +15,10 @@ import yaml
 from qwen_hicache.cli import offline_meta
 from qwen_hicache.plan import objects, plan
 from qwen_hicache.render import RENDER_VERSION_ANNOTATION
-from resources import example, variant
+from resources import VARIANTS, example, variant
 
 GOLDEN = Path(__file__).parent / "golden"
 
-VARIANTS = {
-    "example": example(),
-    "tp1": variant(**{
-        "spec.runtime.tensorParallelSize": 1, "spec.hicache.hostMemoryPerRankGB": 20, "spec.replicas": 1,
-        "spec.runtime.speculative": None, "spec.runtime.gpuMemoryGB": 141,
-    }),
-    "tp4": variant(**{
-        "spec.runtime.tensorParallelSize": 4, "spec.hicache.hostMemoryPerRankGB": 16,
-        "spec.hicache.disk": {"enabled": True, "size": "1Ti", "storageClassName": "fast-nvme", "retention": "Delete"},
-        "spec.runtime.extraArgs": ["--chunked-prefill-size", "8192"],
-        "spec.runtime.env": [{"name": "NCCL_DEBUG", "value": "WARN"}],
-    }),
-    "tp4-2nodes": variant(**{
-        "spec.nodesPerReplica": 2, "spec.runtime.tensorParallelSize": 4, "spec.hicache.hostMemoryPerRankGB": 16,
-        "spec.hicache.disk": {"enabled": True, "size": "1Ti", "retention": "Delete"},
-    }),
-}
 
 
 def _render(doc: dict) -> list[dict]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 from qwen_hicache.plan import format_validation_error, parse_spec
+from qwen_hicache.spec import QwenHiCacheServerSpec
 from resources import BAD_SPECS, example, variant
 
 
@@ -40,3 +41,11 @@ def test_bad_spec_is_refused_with_a_specific_message(case: str, changes: dict, f
 def test_wire_form_round_trips() -> None:
     spec = parse_spec(example()["spec"])
     assert parse_spec(spec.wire()) == spec
+
+
+def test_values_computed_once_follow_a_copy_with_changed_fields() -> None:
+    spec = QwenHiCacheServerSpec.model_validate(variant(**{"spec.replicas": 2})["spec"])
+    assert spec.router_on and spec.nodes == 1
+    off = spec.model_copy(update={"router": spec.router.model_copy(update={"enabled": False}),
+                                  "nodes_per_replica": 2})
+    assert not off.router_on and off.nodes == 2 and spec.router_on and spec == spec.model_copy()

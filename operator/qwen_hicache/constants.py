@@ -54,6 +54,11 @@ PRESTOP_RECORD = ".qwen-hicache-prestop.json"
 status_model.OUTCOMES. The preStop writes it (podlifecycle), its environment names it (launch)."""
 
 
+def admin_secret_name(name: str) -> str:
+    """The Secret holding a server's runtime admin key (guards /flush_cache and storage clear)."""
+    return f"{name}-admin"
+
+
 def labels(name: str) -> dict[str, str]:
     """Labels on every object of a server's serving side; the first two select its pods."""
     return standard_labels(SERVER_APP, name, "server")

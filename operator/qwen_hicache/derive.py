@@ -11,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import fingerprint, launch, podlifecycle, rollout
+from .constants import admin_secret_name
 from .geometry import Geometry
-from .sizing import DEFAULT_HICACHE_RATIO, Sizing, check_fit, compute_sizing, to_bytes
-from .spec import QwenHiCacheServerSpec, flag_name
+from .runtime_flags import flag_names
+from .sizing import DEFAULT_HICACHE_RATIO, Sizing, compute_sizing, node_fit
+from .spec import QwenHiCacheServerSpec
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,7 @@ class CacheLayout:
 
 @dataclass(frozen=True)
 class Derived:
-    """One spec's derived facts; see the module docstring."""
+    """One spec's derived facts; see the module docstring. Plain values only, so that reading one runs no code."""
 
     spec: QwenHiCacheServerSpec
     geometry: Geometry
@@ -37,38 +39,26 @@ class Derived:
     node's GPUs (empty when it fits or is unknown)."""
     launch: launch.LaunchSizing
     layout: CacheLayout
+    command: launch.Command
+    """The runtime container's derived arguments (everything but `runtime.extraArgs`), environment and startup
+    allowance."""
     managed_args: tuple[str, ...]
     """The runtime's arguments the operator derives (everything but `runtime.extraArgs`)."""
+    args: tuple[str, ...]
+    """The runtime's full argument list (after the entrypoint), extra args last."""
+    managed_flags: frozenset[str]
+    """Flags the operator sets itself, plus those it always owns (extraArgs may not repeat them)."""
     config_hash: str
     target: str
     policy: rollout.Policy
+    allowed_down: int
+    """Pods (groups) that may be down at once: the rollout's and the PodDisruptionBudget's number."""
+    problems: tuple[str, ...]
+    """Sizing refusals: the disk's and the node fit's."""
     write_rate: int = 0
     """hicache.disk.writeBytesPerSecond, bytes."""
     measured_write_rate: int | None = None
     """The disk tier's write rate as the last rollout's replaced pods measured it (status.cache), if known."""
-
-    @property
-    def args(self) -> list[str]:
-        """The runtime's full argument list (after the entrypoint), extra args last."""
-        return [*self.managed_args, *self.spec.runtime.extra_args]
-
-    @property
-    def managed_flags(self) -> frozenset[str]:
-        """Flags the operator sets itself, plus those it always owns (extraArgs may not repeat them)."""
-        return frozenset(f for f in map(flag_name, self.managed_args) if f) | launch.ALWAYS_MANAGED
-
-    @property
-    def problems(self) -> list[str]:
-        """Sizing refusals: the disk's and the node fit's."""
-        return [*self.sizing.problems, *self.fit]
-
-
-def smallest_node(spec: QwenHiCacheServerSpec, observed_bytes: int | None) -> int | None:
-    """The node memory to fit: the smaller of the spec's `runtime.nodeMemory` hint and the nodes the operator
-    could read (None when neither is known)."""
-    hint = to_bytes(spec.runtime.node_memory, "runtime.nodeMemory") if spec.runtime.node_memory else None
-    known = [b for b in (hint, observed_bytes) if b is not None]
-    return min(known) if known else None
 
 
 def gpu_fit(spec: QwenHiCacheServerSpec, node_gpus: int | None) -> tuple[str, ...]:
@@ -108,33 +98,36 @@ def budget_rate(spec_rate: int, measured: int | None) -> int:
 
 
 def derive(spec: QwenHiCacheServerSpec, geometry: Geometry, node_bytes: int | None = None,
-           node_gpus: int | None = None, measured_write_rate: int | None = None) -> Derived:  # fmt: skip
-    """Every derived fact of a spec whose geometry resolved. Raises SizingError (or an ArithmeticError for
-    absurd numbers) when it cannot be sized; the caller turns that into a condition."""
+           node_gpus: int | None = None, measured_write_rate: int | None = None,
+           name: str = "") -> Derived:  # fmt: skip
+    """Every derived fact of a spec whose geometry resolved (`name`: the resource's, for the names its pods refer
+    to). Raises SizingError (or an ArithmeticError for absurd numbers) when it cannot be sized; the caller turns
+    that into a condition."""
     sized = compute_sizing(spec, geometry)
     sizing = launch_sizing(sized)
-    rate = to_bytes(spec.hicache.disk.write_bytes_per_second, "hicache.disk.writeBytesPerSecond")
     inputs = fingerprint.fingerprint_inputs(spec, geometry)
-    budget = budget_rate(rate, measured_write_rate)
-    layout = CacheLayout(fingerprint.fingerprint_of(inputs), inputs,
-                         podlifecycle.drain_plan(spec, sizing.host_bytes_per_rank, budget))
-    config_hash = rollout.config_hash(spec)
-    disk = spec.hicache.disk.enabled
-    ro = spec.rollout
-    # Without a disk tier nothing can come back warm, so none is required (the check still runs and records).
-    policy = rollout.Policy(ro.max_unavailable, ro.pod_timeout_seconds, ro.require_warm_start and disk,
-                            layout.fingerprint if disk else "", spec.runtime.page_size)
+    fp = fingerprint.fingerprint_of(inputs)
+    rate = budget_rate(sized.write_rate, measured_write_rate)
+    drain = podlifecycle.drain_plan(spec, sizing.host_bytes_per_rank, rate)
+    command = launch.command(spec, sizing, fp, admin_secret_name(name), drain.drain_seconds, drain.flush_seconds)
+    fit = (*node_fit(sized, spec, node_bytes), *gpu_fit(spec, node_gpus))
+    restarts = rollout.restarts(spec, fp)
     return Derived(
         spec=spec,
         geometry=geometry,
         sizing=sized,
-        fit=(*check_fit(sized, smallest_node(spec, node_bytes)), *gpu_fit(spec, node_gpus)),
+        fit=fit,
         launch=sizing,
-        layout=layout,
-        managed_args=tuple(launch.managed_args(spec, sizing)),
-        config_hash=config_hash,
-        target=rollout.target(config_hash, spec.restart),
-        policy=policy,
-        write_rate=rate,
+        layout=CacheLayout(fp, inputs, drain),
+        command=command,
+        managed_args=command.managed_args,
+        args=(*command.managed_args, *spec.runtime.extra_args),
+        managed_flags=flag_names(command.managed_args) | launch.ALWAYS_MANAGED,
+        config_hash=restarts.config_hash,
+        target=restarts.target,
+        policy=restarts.policy,
+        allowed_down=restarts.allowed_down,
+        problems=(*sized.problems, *fit),
+        write_rate=sized.write_rate,
         measured_write_rate=measured_write_rate,
     )

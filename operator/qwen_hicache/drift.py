@@ -54,6 +54,11 @@ def with_hash(obj: dict[str, Any]) -> dict[str, Any]:
     return {**obj, "metadata": meta}
 
 
+def with_hashes(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`with_hash` of each object (render stamps everything it renders at once)."""
+    return [with_hash(o) for o in objects]
+
+
 def is_subset(want: Any, have: Any) -> bool:
     """True when every value in `want` appears in `have` (lists element-wise, same length). Quantities compare by
     value: the API server stores them canonically ("2000m" comes back as "2"), and the hash annotation still

@@ -20,7 +20,8 @@ import json
 from typing import Any
 
 from .geometry import Geometry, resolve_geometry
-from .spec import QwenHiCacheServerSpec, flag_name
+from .runtime_flags import flag_name
+from .spec import QwenHiCacheServerSpec
 
 FINGERPRINT_VERSION = 1
 RUNTIME_PARENT = "sglang==0.5.23"

@@ -179,6 +179,29 @@ def launch_env(spec: QwenHiCacheServerSpec, sizing: LaunchSizing, fingerprint: s
     return env
 
 
+@dataclass(frozen=True)
+class Command:
+    """The runtime container as derived once per spec (derive.Derived.command): what render puts in the pod."""
+
+    managed_args: tuple[str, ...]
+    """The arguments the operator derives; extraArgs follow them."""
+    env: tuple[dict[str, Any], ...]
+    startup_failures: int
+    """The startup probe's failure threshold at STARTUP_PROBE_PERIOD (covers runtime.startupTimeoutSeconds)."""
+
+
+STARTUP_PROBE_PERIOD = 10
+"""Seconds between startup probes."""
+
+
+def command(spec: QwenHiCacheServerSpec, sizing: LaunchSizing, fingerprint: str, admin_secret: str,
+            drain_seconds: int, flush_seconds: int) -> Command:  # fmt: skip
+    """The runtime container's arguments, environment (`launch_env`) and startup allowance."""
+    return Command(tuple(managed_args(spec, sizing)),
+                   tuple(launch_env(spec, sizing, fingerprint, admin_secret, drain_seconds, flush_seconds)),
+                   startup_failure_threshold(spec, STARTUP_PROBE_PERIOD))
+
+
 def prestop_record_env() -> list[dict[str, Any]]:
     """Where the preStop records its outcome, and whose it is (the successor's check matches the uid)."""
     def field(path: str) -> dict[str, Any]:

@@ -74,7 +74,7 @@ def _plan_valid(meta: Obj, spec: QwenHiCacheServerSpec, node_allocatable_bytes: 
     if early := policies.geometry_problems(spec, geometry):
         return Plan(spec, problems=early)
     try:
-        d = derive(spec, geometry, node_allocatable_bytes, node_gpus, measured_write_rate)
+        d = derive(spec, geometry, node_allocatable_bytes, node_gpus, measured_write_rate, str(meta.get("name", "")))
     except (SizingError, GeometryError) as err:
         return Plan(spec, problems=[_sizing_problem(str(err))])
     except (ArithmeticError, ValueError) as err:  # e.g. an extreme size that overflows a float

@@ -23,10 +23,9 @@ CONFIG_FILE_DEST = "config"
 
 def _managed_dests(d: Derived) -> dict[str, str]:
     """Setting (argparse dest) -> the flag the operator spells for it."""
-    out = {CONFIG_FILE_DEST: "--config"}
+    out, dests = {CONFIG_FILE_DEST: "--config"}, runtime_flags.table().options
     for flag in sorted(d.managed_flags):
-        dest = runtime_flags.dest_of(flag)
-        out[dest or flag.lstrip("-").replace("-", "_")] = flag
+        out[dests.get(flag) or flag.lstrip("-").replace("-", "_")] = flag
     return out
 
 

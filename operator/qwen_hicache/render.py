@@ -20,14 +20,15 @@ from .constants import (  # noqa: F401 - re-exported
     NAME_LABEL,
     RENDER_VERSION,
     RENDER_VERSION_ANNOTATION,
+    admin_secret_name,
     labels,
     owner_reference,
     selector,
     standard_labels,
 )
 from .derive import Derived
-from .drift import with_hash
-from .rollout import CONFIG_HASH_ANNOTATION, FINGERPRINT_ANNOTATION, RESTART_ANNOTATION, allowed_down
+from .drift import with_hashes
+from .rollout import CONFIG_HASH_ANNOTATION, FINGERPRINT_ANNOTATION, RESTART_ANNOTATION
 from .spec import QwenHiCacheServerSpec
 
 Obj = dict[str, Any]
@@ -42,10 +43,6 @@ def _metadata(meta: Obj, name: str) -> Obj:
         "labels": labels(meta["name"]),
         "ownerReferences": [owner_reference(meta)],
     }
-
-
-def admin_secret_name(name: str) -> str:
-    return f"{name}-admin"
 
 
 def get_admin_secret(meta: Obj, api_key: str) -> Obj:
@@ -87,7 +84,7 @@ def get_client_service(meta: Obj, spec: QwenHiCacheServerSpec) -> Obj:
     return _service(meta, spec, meta["name"], {"type": "ClusterIP"})
 
 
-def _probes(spec: QwenHiCacheServerSpec) -> Obj:
+def _probes(startup_failures: int) -> Obj:
     def http(path: str, period: int, failures: int) -> Obj:
         return {
             "httpGet": {"path": path, "port": HTTP_PORT_NAME},
@@ -97,7 +94,7 @@ def _probes(spec: QwenHiCacheServerSpec) -> Obj:
         }
 
     return {
-        "startupProbe": http("/health", 10, launch.startup_failure_threshold(spec, 10)),
+        "startupProbe": http("/health", launch.STARTUP_PROBE_PERIOD, startup_failures),
         "readinessProbe": http("/ready", 5, 3),
         "livenessProbe": http("/health", 15, 4),
     }
@@ -171,22 +168,20 @@ def get_cache_usage_sidecar(d: Derived) -> Obj:
 
 def get_container(meta: Obj, d: Derived) -> Obj:
     """The runtime container, started with the derived SGLang flags."""
-    spec, sizing, layout = d.spec, d.launch, d.layout
-    env = launch.launch_env(spec, sizing, layout.fingerprint, admin_secret_name(meta["name"]),
-                            layout.drain.drain_seconds, layout.drain.flush_seconds)
+    spec, sizing = d.spec, d.launch
     container = {
         "name": "sglang",
         "image": spec.runtime.image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": list(launch.ENTRYPOINT),
-        "args": d.args,
-        "env": env,
+        "args": list(d.args),
+        "env": [dict(e) for e in d.command.env],
         "ports": [{"name": HTTP_PORT_NAME, "containerPort": spec.runtime.port, "protocol": "TCP"}],
         "resources": _resources(spec, sizing),
         "volumeMounts": _volume_mounts(spec),
         "lifecycle": {"preStop": {"exec": {"command": ["python3", "-c", podlifecycle.PRESTOP_SCRIPT]}}},
         "terminationMessagePolicy": "FallbackToLogsOnError",  # a crash's last log lines reach status
-        **_probes(spec),
+        **_probes(d.command.startup_failures),
     }
     return container
 
@@ -255,7 +250,7 @@ def get_statefulset(meta: Obj, d: Derived) -> Obj:
             "spec": sts_spec}
 
 
-def get_pdb(meta: Obj, spec: QwenHiCacheServerSpec) -> Obj:
+def get_pdb(meta: Obj, d: Derived) -> Obj:
     """The rollout's promise for everyone else too: a node drain (the eviction API) takes down no more pods at
     once than a rolling restart would (`rollout.allowed_down`: maxUnavailable, never the last of several
     replicas; a single replica may go, or nothing could ever drain its node). The operator's own restarts are
@@ -266,7 +261,7 @@ def get_pdb(meta: Obj, spec: QwenHiCacheServerSpec) -> Obj:
         "kind": "PodDisruptionBudget",
         "metadata": _metadata(meta, meta["name"]),
         "spec": {
-            "maxUnavailable": allowed_down(spec.rollout.max_unavailable, spec.replicas),
+            "maxUnavailable": d.allowed_down,
             "selector": {"matchLabels": selector(meta["name"])},
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
@@ -280,8 +275,8 @@ def render_all(meta: Obj, d: Derived, manifest: bool = True) -> list[Obj]:
     rollout's drained pods (router.py); `qwen-hicache render` shows it with none drained."""
     objects = unstamped(meta, d, manifest)
     if d.spec.nodes > 1:
-        objects = render_lws.in_groups(objects, d.spec, meta["name"])
-    return [with_hash(o) for o in objects]
+        objects = render_lws.in_groups(objects, d.spec, meta["name"], d.allowed_down)
+    return with_hashes(objects)
 
 
 def unstamped(meta: Obj, d: Derived, manifest: bool = True) -> list[Obj]:
@@ -291,12 +286,10 @@ def unstamped(meta: Obj, d: Derived, manifest: bool = True) -> list[Obj]:
         get_headless_service(meta, spec),
         get_client_service(meta, spec),
         get_statefulset(meta, d),
-        get_pdb(meta, spec),
+        get_pdb(meta, d),
     ]
-    if spec.router.active(spec.replicas):
-        owner = owner_reference(meta)
-        objects[1] = render_router.route_client_service(objects[1], meta, spec)
-        objects += [*([render_router.get_manifest_configmap(meta, spec, owner)] if manifest else []),
-                    render_router.get_router_service(meta, spec, owner),
-                    render_router.get_router_deployment(meta, spec, owner)]
+    if spec.router_on:
+        client, *router = render_router.router_objects(objects[1], meta, spec, owner_reference(meta), manifest)
+        objects[1] = client
+        objects += router
     return objects

@@ -37,7 +37,7 @@ from .constants import (  # noqa: F401 - re-exported
     selector,
 )
 from .drift import HASH_ANNOTATION, with_hash
-from .rollout import CONFIG_HASH_ANNOTATION, RESTART_ANNOTATION, allowed_down, target
+from .rollout import CONFIG_HASH_ANNOTATION, RESTART_ANNOTATION, allowed_down, target  # noqa: F401
 from .spec import QwenHiCacheServerSpec
 
 Obj = dict[str, Any]
@@ -105,9 +105,10 @@ def _worker(leader: Obj) -> Obj:
     return worker
 
 
-def get_leaderworkerset(sts: Obj, spec: QwenHiCacheServerSpec, partition: int) -> Obj:
+def get_leaderworkerset(sts: Obj, spec: QwenHiCacheServerSpec, partition: int, down: int | None = None) -> Obj:
     """The server's LeaderWorkerSet in place of its StatefulSet `sts` (`render.get_statefulset`); `partition`:
-    groups below it keep their revision (the operator lowers it group by group, from the highest index down)."""
+    groups below it keep their revision (the operator lowers it group by group, from the highest index down);
+    `down`: groups that may be down at once (derive.Derived.allowed_down; `rollout.allowed_down` when None)."""
     leader = _leader(sts["spec"]["template"], spec)
     lwt: Obj = {
         "size": spec.nodes,
@@ -118,7 +119,9 @@ def get_leaderworkerset(sts: Obj, spec: QwenHiCacheServerSpec, partition: int) -
     if claims := sts["spec"].get("volumeClaimTemplates"):
         lwt["volumeClaimTemplates"] = claims
         lwt["persistentVolumeClaimRetentionPolicy"] = {"whenDeleted": "Retain", "whenScaled": "Retain"}
-    rolling = {"maxUnavailable": allowed_down(spec.rollout.max_unavailable, spec.replicas), "maxSurge": 0,
+    if down is None:
+        down = allowed_down(spec.rollout.max_unavailable, spec.replicas)
+    rolling = {"maxUnavailable": down, "maxSurge": 0,
                "partition": max(0, min(partition, spec.replicas))}  # fmt: skip
     return {
         "apiVersion": LWS_API_VERSION,
@@ -139,14 +142,14 @@ def group_dns_name(name: str, namespace: str, group: int) -> str:
     return render_router.worker_host(name, namespace, group, nodes=2)
 
 
-def in_groups(objects: list[Obj], spec: QwenHiCacheServerSpec, name: str) -> list[Obj]:
+def in_groups(objects: list[Obj], spec: QwenHiCacheServerSpec, name: str, down: int) -> list[Obj]:
     """A single-node server's objects (`render.unstamped`) as a multi-node server's: the LeaderWorkerSet in the
     StatefulSet's place, and the Services and the PodDisruptionBudget select group leaders only (workers serve no
     API). A client Service the router took over keeps the router's selector."""
     out = []
     for obj in objects:
         if obj["kind"] == "StatefulSet":
-            obj = get_leaderworkerset(obj, spec, 0)
+            obj = get_leaderworkerset(obj, spec, 0, down)
         elif obj["kind"] == "PodDisruptionBudget":
             obj["spec"]["selector"] = {"matchLabels": leader_selector(name)}
         elif obj["kind"] == "Service" and obj["spec"]["selector"] == selector(name):

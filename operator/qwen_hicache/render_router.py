@@ -202,6 +202,14 @@ def route_client_service(client: Obj, meta: Obj, spec: QwenHiCacheServerSpec) ->
     return svc
 
 
+def router_objects(client: Obj, meta: Obj, spec: QwenHiCacheServerSpec, owner: Obj, manifest: bool) -> list[Obj]:
+    """The client Service re-pointed at the router (`route_client_service`), then the router's own objects:
+    the worker manifest (unless `manifest` is False), its Service and its Deployment."""
+    return [route_client_service(client, meta, spec),
+            *([get_manifest_configmap(meta, spec, owner)] if manifest else []),
+            get_router_service(meta, spec, owner), get_router_deployment(meta, spec, owner)]
+
+
 def router_status(spec: QwenHiCacheServerSpec, meta: Obj) -> status_model.Router:
     """The static half of `status.router` (worker health is added by the shell from the router's API)."""
     r = spec.router

@@ -136,6 +136,25 @@ def allowed_down(max_unavailable: int, replicas: int) -> int:
     return max(1, min(max_unavailable, replicas - 1))
 
 
+@dataclass(frozen=True)
+class Restarts:
+    """What a spec means for restarts (derive keeps it): what pods should run, and the rollout's rules."""
+
+    config_hash: str
+    target: str
+    policy: Policy
+    allowed_down: int
+
+
+def restarts(spec: QwenHiCacheServerSpec, fingerprint: str) -> Restarts:
+    """The config hash and target of `spec`, and the rollout's rules with `fingerprint` as the new pods'
+    namespace. Without a disk tier nothing can come back warm, so none is required (the check still runs)."""
+    h, ro, disk = config_hash(spec), spec.rollout, spec.hicache.disk.enabled
+    policy = Policy(ro.max_unavailable, ro.pod_timeout_seconds, ro.require_warm_start and disk,
+                    fingerprint if disk else "", spec.runtime.page_size)
+    return Restarts(h, target(h, spec.restart), policy, allowed_down(ro.max_unavailable, spec.replicas))
+
+
 def unavailable(pods: list[PodView], replicas: int) -> int:
     """Desired replicas minus those serving: missing, unready and terminating pods all count as down."""
     return max(0, replicas - sum(1 for p in pods if p.available and p.ordinal < replicas))

@@ -29,7 +29,7 @@ DRAINED_STEPS = ("Delete", "WaitingReady", "Verify")
 
 
 def active(spec: QwenHiCacheServerSpec | None) -> bool:
-    return spec is not None and spec.router.active(spec.replicas)
+    return spec is not None and spec.router_on
 
 
 def drained_pods(restart: sm.Restart | None) -> frozenset[str]:

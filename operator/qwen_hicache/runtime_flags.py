@@ -8,6 +8,7 @@ argparse accepts as `--hicache-size`) and misspellings are judged as the runtime
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -62,6 +63,16 @@ def resolve(token: str, t: Table | None = None) -> Resolved | None:
     return Resolved(token, error="unrecognized")
 
 
-def dest_of(option: str) -> str | None:
-    """The setting a full option string sets (for the operator's own flags)."""
-    return table().options.get(option)
+_FLAG = re.compile(r"^(--[a-z0-9-]+)")
+
+
+def flag_name(arg: str) -> str | None:
+    """The `--flag` part of `--flag=value` or `--flag`, else None."""
+    m = _FLAG.match(arg)
+    return m.group(1) if m else None
+
+
+def flag_names(args: tuple[str, ...] | list[str]) -> frozenset[str]:
+    """The flags an argument list sets (values left out)."""
+    return frozenset(f for f in map(flag_name, args) if f)
+

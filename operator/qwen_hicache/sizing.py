@@ -307,10 +307,11 @@ class HostPools:
     kv_bytes: int
     index_bytes: int
     mamba_bytes: int
+    total_bytes: int = field(init=False)
+    """KV + QSA index + Mamba: the pinned host memory of one rank."""
 
-    @property
-    def total_bytes(self) -> int:
-        return self.kv_bytes + self.index_bytes + self.mamba_bytes
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total_bytes", self.kv_bytes + self.index_bytes + self.mamba_bytes)
 
     def pool_bytes(self) -> tuple[int, ...]:
         """Pools in the order a rank builds them: KV, Mamba, QSA indexer (`hybrid_pool_assembler.py:1341-1398`)."""
@@ -550,15 +551,17 @@ class Sizing:
     notes: list[str] = field(default_factory=list)
     ranks_per_pod: int = 0
     """TP ranks one pod runs: all of them, or `tensorParallelSize / nodesPerReplica` across nodes (0: all)."""
+    write_rate: int = 0
+    """hicache.disk.writeBytesPerSecond, bytes (the stop budget's assumed disk rate)."""
+    pod_memory_request_bytes: int = field(init=False)
+    """Request = limit: pinned pools cannot be reclaimed, so the pod must be Guaranteed."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pod_memory_request_bytes", self.pod_memory_limit_bytes)
 
     @property
     def pod_ranks(self) -> int:
         return self.ranks_per_pod or self.tensor_parallel_size
-
-    @property
-    def pod_memory_request_bytes(self) -> int:
-        """Request = limit: pinned pools cannot be reclaimed, so the pod must be Guaranteed."""
-        return self.pod_memory_limit_bytes
 
     @property
     def kv_tokens_per_mamba_slot(self) -> int:
@@ -619,6 +622,19 @@ class Sizing:
             notes=list(self.notes),
             problems=[*self.problems, *fit],
         )
+
+
+def smallest_node(spec: QwenHiCacheServerSpec, observed_bytes: int | None) -> int | None:
+    """The node memory to fit: the smaller of the spec's `runtime.nodeMemory` hint and the nodes the operator
+    could read (None when neither is known)."""
+    hint = to_bytes(spec.runtime.node_memory, "runtime.nodeMemory") if spec.runtime.node_memory else None
+    known = [b for b in (hint, observed_bytes) if b is not None]
+    return min(known) if known else None
+
+
+def node_fit(sizing: Sizing, spec: QwenHiCacheServerSpec, observed_bytes: int | None) -> list[str]:
+    """`check_fit` against the smallest node the pod may land on (`smallest_node`)."""
+    return check_fit(sizing, smallest_node(spec, observed_bytes))
 
 
 def check_fit(sizing: Sizing, node_allocatable_bytes: int | None) -> list[str]:
@@ -706,7 +722,7 @@ def _notes(dev: DevicePools, host: HostPools) -> list[str]:
 
 def compute_sizing(spec: QwenHiCacheServerSpec, g: Geometry | None = None) -> Sizing:
     """All sizing for one spec and its resolved geometry (resolved here when not given); raises SizingError for
-    input that cannot be sized at all. The node fit is `check_fit`'s (derive runs it once, against the smallest
+    input that cannot be sized at all. The node fit is `node_fit`'s (derive runs it once, against the smallest
     known node)."""
     if g is None:
         try:
@@ -749,4 +765,5 @@ def compute_sizing(spec: QwenHiCacheServerSpec, g: Geometry | None = None) -> Si
         problems=list(disk.problems),
         notes=[*_input_notes(spec, g), *_notes(dev, host), *([files.warning] if files and files.warning else [])],
         ranks_per_pod=pod_ranks if spec.nodes > 1 else 0,
+        write_rate=to_bytes(spec.hicache.disk.write_bytes_per_second, "hicache.disk.writeBytesPerSecond"),
     )

@@ -8,6 +8,7 @@ before the operator ever sees it). `tests/test_spec.py` checks that both agree.
 from __future__ import annotations
 
 import re
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from kubernetes.utils import parse_quantity
@@ -472,13 +473,26 @@ class QwenHiCacheServerSpec(ApiModel):
     `tensorParallelSize / nodesPerReplica` GPUs and TP ranks each, every pod with its own cache volume; only the
     leader (node 0) serves requests. Needs the LeaderWorkerSet controller (v0.8 or later). Fixed at creation."""
 
-    @property
+    @cached_property
     def nodes(self) -> int:
-        """Nodes per replica (`nodesPerReplica`, default 1)."""
+        """Nodes per replica (`nodesPerReplica`, default 1); computed once, by the validation below."""
         return self.nodes_per_replica or 1
+
+    @cached_property
+    def router_on(self) -> bool:
+        """Whether the router runs for this server (`router.active`); computed once, by the validation below."""
+        return self.router.active(self.replicas)
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> QwenHiCacheServerSpec:
+        """A copy whose once-computed values (`nodes`, `router_on`) follow the copy's own fields."""
+        copied = super().model_copy(update=update, deep=deep)
+        for once in ("nodes", "router_on"):
+            copied.__dict__.pop(once, None)
+        return copied
 
     @model_validator(mode="after")
     def _nodes_split_tp(self) -> QwenHiCacheServerSpec:
+        _ = self.router_on  # the readers of a parsed spec find both values ready
         if self.runtime.tensor_parallel_size % self.nodes:
             raise ValueError(f"{_NODES_MESSAGE} (tensorParallelSize {self.runtime.tensor_parallel_size}, "
                              f"nodesPerReplica {self.nodes})")
@@ -499,11 +513,3 @@ def name_problem(name: str) -> str | None:
     ok = len(name) <= MAX_NAME_LENGTH and re.match(NAME_RULE, name)
     return None if ok else f"{NAME_MESSAGE}; got {name!r} ({len(name)} characters)"
 
-
-_FLAG = re.compile(r"^(--[a-z0-9-]+)")
-
-
-def flag_name(arg: str) -> str | None:
-    """The `--flag` part of `--flag=value` or `--flag`, else None."""
-    m = _FLAG.match(arg)
-    return m.group(1) if m else None
