@@ -20,7 +20,8 @@ DOC = variant(**{"spec.nodesPerReplica": 2, "spec.runtime.tensorParallelSize": 4
 
 def lws(doc: dict = DOC, partition: int = 0) -> dict:
     d = derived(doc)
-    return render_lws.get_leaderworkerset(render.get_statefulset(offline_meta(doc), d), d.spec, partition)
+    return render_lws.get_leaderworkerset(render.get_statefulset(offline_meta(doc), d), d.spec, partition,
+                                          d.allowed_down)
 
 
 def containers(pod: dict) -> dict[str, dict]:

@@ -37,7 +37,7 @@ from .constants import (  # noqa: F401 - re-exported
     selector,
 )
 from .drift import HASH_ANNOTATION, with_hash
-from .rollout import CONFIG_HASH_ANNOTATION, RESTART_ANNOTATION, allowed_down, target  # noqa: F401
+from .rollout import CONFIG_HASH_ANNOTATION, RESTART_ANNOTATION, target
 from .spec import QwenHiCacheServerSpec
 
 Obj = dict[str, Any]
@@ -105,10 +105,10 @@ def _worker(leader: Obj) -> Obj:
     return worker
 
 
-def get_leaderworkerset(sts: Obj, spec: QwenHiCacheServerSpec, partition: int, down: int | None = None) -> Obj:
+def get_leaderworkerset(sts: Obj, spec: QwenHiCacheServerSpec, partition: int, down: int) -> Obj:
     """The server's LeaderWorkerSet in place of its StatefulSet `sts` (`render.get_statefulset`); `partition`:
     groups below it keep their revision (the operator lowers it group by group, from the highest index down);
-    `down`: groups that may be down at once (derive.Derived.allowed_down; `rollout.allowed_down` when None)."""
+    `down`: groups that may be down at once (derive.Derived.allowed_down)."""
     leader = _leader(sts["spec"]["template"], spec)
     lwt: Obj = {
         "size": spec.nodes,
@@ -119,8 +119,6 @@ def get_leaderworkerset(sts: Obj, spec: QwenHiCacheServerSpec, partition: int, d
     if claims := sts["spec"].get("volumeClaimTemplates"):
         lwt["volumeClaimTemplates"] = claims
         lwt["persistentVolumeClaimRetentionPolicy"] = {"whenDeleted": "Retain", "whenScaled": "Retain"}
-    if down is None:
-        down = allowed_down(spec.rollout.max_unavailable, spec.replicas)
     rolling = {"maxUnavailable": down, "maxSurge": 0,
                "partition": max(0, min(partition, spec.replicas))}  # fmt: skip
     return {
