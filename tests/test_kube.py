@@ -54,3 +54,14 @@ def test_discovery_never_reads_or_writes_the_shared_tmp_file(
     assert k.get("v1", "Namespace", None, "default") is not None
     assert not [r for r in caplog.records if "cache" in r.getMessage()]
     assert [p.name for p in tmp_path.iterdir()] == [shared.name] and shared.read_text() == ""
+
+
+def test_responses_stay_the_plain_json_and_list_items_get_their_kind() -> None:
+    from kubernetes.dynamic.resource import ResourceInstance
+
+    def listing() -> dict[str, Any]:
+        return {"kind": "PodList", "apiVersion": "v1", "metadata": {},
+                "items": [{"metadata": {"name": "a"}}, {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "b"}}]}
+
+    assert kube_mod.plain(None, listing()) == ResourceInstance(None, listing()).to_dict()
+    assert kube_mod.plain(None, {"kind": "PodList", "items": None})["items"] == []

@@ -70,6 +70,19 @@ class MemoryDiscoverer(LazyDiscoverer):
         """Never written: every process discovers for itself (lazily, one group at a time)."""
 
 
+def plain(_client: Any, instance: Obj) -> Obj:
+    """The API server's JSON as the plain dicts it decoded to (the `serializer` of every call). The library's
+    default wraps every nested dict in an object and `to_dict()` copies it back: about 0.5 ms of CPU per 25 KB
+    response, most of a pass's client time. A list's items get their kind, as the library's own do."""
+    kind = instance.get("kind", "")
+    if kind.endswith("List") and "items" in instance:
+        instance["items"] = instance["items"] or []
+        for item in instance["items"]:
+            item.setdefault("apiVersion", instance.get("apiVersion"))
+            item.setdefault("kind", kind[:-4])
+    return instance
+
+
 class Kube:
     """The operator's only door to the API server."""
 
@@ -88,7 +101,7 @@ class Kube:
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
         """The live object, or None when it does not exist."""
         try:
-            return self._resource(api_version, kind).get(name=name, namespace=namespace).to_dict()
+            return self._resource(api_version, kind).get(name=name, namespace=namespace, serializer=plain)
         except NotFoundError:
             return None
 
@@ -97,20 +110,22 @@ class Kube:
         res = self._resource(obj["apiVersion"], obj["kind"])
         meta = obj["metadata"]
         return res.server_side_apply(
-            body=obj, name=meta["name"], namespace=meta.get("namespace"), field_manager=MANAGER, force_conflicts=True
-        ).to_dict()
+            body=obj, name=meta["name"], namespace=meta.get("namespace"), field_manager=MANAGER, force_conflicts=True,
+            serializer=plain,
+        )
 
     def patch_status(self, namespace: str, name: str, status: Obj) -> Obj | None:
         """One merge patch of the resource's status subresource; the resource as the server stored it."""
         res = self._resource(API_VERSION, KIND)
         return res.status.patch(
-            body={"status": status}, name=name, namespace=namespace, content_type="application/merge-patch+json"
-        ).to_dict()
+            body={"status": status}, name=name, namespace=namespace, content_type="application/merge-patch+json",
+            serializer=plain,
+        )
 
     def list(self, api_version: str, kind: str, namespace: str, selector: dict[str, str]) -> list[Obj]:
         """Objects of a kind in a namespace matching labels."""
         sel = ",".join(f"{k}={v}" for k, v in selector.items())
-        return self._resource(api_version, kind).get(namespace=namespace, label_selector=sel).to_dict()["items"]
+        return self._resource(api_version, kind).get(namespace=namespace, label_selector=sel, serializer=plain)["items"]
 
     def list_nodes(self, selector: dict[str, str]) -> list[Obj]:
         """Nodes matching labels, cached for `node_cache_seconds` (nodes change rarely; every resync asks);
@@ -122,7 +137,7 @@ class Kube:
         if hit and time.monotonic() - hit[0] < self.node_cache_seconds:
             return hit[1]
         try:
-            nodes = self._resource("v1", "Node").get(label_selector=sel).to_dict()["items"]
+            nodes = self._resource("v1", "Node").get(label_selector=sel, serializer=plain)["items"]
         except DynamicApiError as err:
             # 400/422: a selector the API server cannot parse (the CRD refuses those; an object stored under an
             # older CRD may still carry one): skip the node check, the spec check names the field.
