@@ -159,7 +159,7 @@ def test_a_worker_back_without_its_group_gets_its_leader_evicted_by_uid(runtime:
     template = world.lws()["spec"]["leaderWorkerTemplate"]["workerTemplate"]
     world.pod(0, 1, template, ready=False, created=NOW[4])  # created after its leader turned Ready (NOW[1])
     world.reconcile(5)
-    assert ("evict", "Pod", f"{NAME}-0", leader_uid) in world.kube.writes
+    assert ("evict", "Pod", f"{NAME}-0", leader_uid, "Foreground") in world.kube.writes  # dependents first
     assert world.kube.find("Pod", f"{NAME}-0") is None
     assert world.events.count(("Warning", workload.LONE_WORKER)) == 1
 

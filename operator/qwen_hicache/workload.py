@@ -190,10 +190,14 @@ class GroupSet:
     def repair(self, kube: KubeClient, body: Obj, pods: list[Obj], post_event: EventSink,
                applied: list[str]) -> None:  # fmt: skip
         """A worker recreated without its group (LWS #998) waits for a rendezvous that is over: evict its leader
-        (uid precondition, so only that incarnation; the budget applies) and LWS recreates the whole group. Each
-        eviction is said in a `LoneWorker` event on the server."""
+        (uid precondition, so only that incarnation; the budget applies) and LWS recreates the whole group. The
+        eviction propagates in the foreground, as LWS's own group delete does: the leader's name stays taken
+        until its worker StatefulSet and the lone worker are gone, so no new leader starts under it while the
+        lone worker (a non-zero rank ignores SIGTERM and lives out its grace period) could still join it (seen
+        on the real control plane with background propagation: the new group formed with the dying worker and
+        broke when it was killed). Each eviction is said in a `LoneWorker` event on the server."""
         for lone in group_rollout.lone_workers(pods):
-            if kube.evict_pod(body["metadata"]["namespace"], lone.leader, lone.leader_uid):
+            if kube.evict_pod(body["metadata"]["namespace"], lone.leader, lone.leader_uid, dependents_first=True):
                 applied.append(f"Pod/{lone.leader} (evicted: worker {lone.worker} came back without its group)")
                 post_event(body, "Warning", LONE_WORKER, (
                     f"group {lone.group}: worker {lone.worker} was recreated without its group and waits for a "
