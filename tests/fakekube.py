@@ -141,8 +141,8 @@ class FakeKube:
         claim = self.objects[("PersistentVolumeClaim", namespace, name)]
         claim["spec"]["resources"]["requests"]["storage"] = storage
 
-    def evict_pod(self, namespace: str, name: str, uid: str) -> bool | None:
-        self._call("evict", "Pod", name, uid)
+    def evict_pod(self, namespace: str, name: str, uid: str, dependents_first: bool = False) -> bool | None:
+        self._call("evict", "Pod", name, uid, *(["Foreground"] if dependents_first else []))
         pod = self.objects.get(("Pod", namespace, name))
         if pod is None or (uid and pod["metadata"]["uid"] != uid):
             return False

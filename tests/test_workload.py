@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from qwen_hicache import render_lws
+from qwen_hicache import render_lws, workload
 from qwen_hicache.constants import selector
 from qwen_hicache.spec import KIND
 from test_reconciler import NAME, NOW, NS, Runtime, World, server
@@ -159,8 +159,9 @@ def test_a_worker_back_without_its_group_gets_its_leader_evicted_by_uid(runtime:
     template = world.lws()["spec"]["leaderWorkerTemplate"]["workerTemplate"]
     world.pod(0, 1, template, ready=False, created=NOW[4])  # created after its leader turned Ready (NOW[1])
     world.reconcile(5)
-    assert ("evict", "Pod", f"{NAME}-0", leader_uid) in world.kube.writes
+    assert ("evict", "Pod", f"{NAME}-0", leader_uid, "Foreground") in world.kube.writes  # dependents first
     assert world.kube.find("Pod", f"{NAME}-0") is None
+    assert world.events.count(("Warning", workload.LONE_WORKER)) == 1
 
 
 def test_retention_delete_makes_the_server_own_every_cache_claim_once(runtime: Runtime) -> None:

@@ -191,6 +191,7 @@ class DevCluster:
         self._cmds: dict[str, list[str]] = {}
         self._supervisor: threading.Thread | None = None
         self._unsupervise = threading.Event()
+        self._supervising = threading.Lock()  # a component stopped on purpose is never started again meanwhile
         self._bins: Binaries | None = None
         self.lws, self.lws_webhook_port = lws, 0
         self._lws: LwsBuild | None = None
@@ -295,6 +296,25 @@ class DevCluster:
         time.sleep(down_seconds)
         self._spawn("kube-apiserver", self._apiserver_cmd(*self._ports))
         self._wait_ok("/readyz", time.monotonic() + self.startup_timeout_s)
+
+    def stop_lws(self) -> None:
+        """Stop the LeaderWorkerSet manager (SIGTERM) and keep it stopped (the supervisor restarts only what runs
+        under it) until `start_lws`: what LWS misses while it is away, it never sees as an event. Its webhooks stay
+        registered (failurePolicy Fail, as upstream), so meanwhile the API server refuses every create of a pod
+        carrying the LWS name label, the worker StatefulSets' included."""
+        if self._lws is None:
+            raise DevClusterError("this cluster runs no LeaderWorkerSet controller (DevCluster(lws=False))")
+        with self._supervising:
+            self._stop_proc("lws-manager")
+
+    def start_lws(self) -> None:
+        """Start the LeaderWorkerSet manager again, as it ran (same configuration, ports and certificate); returns
+        once its webhook server answers. It then lists everything afresh, as after a pod restart."""
+        with self._supervising:
+            if "lws-manager" in self._procs:
+                raise DevClusterError("the LeaderWorkerSet manager is running")
+            self._spawn("lws-manager", self._cmds["lws-manager"])
+        self._wait_webhook_server(time.monotonic() + self.startup_timeout_s)
 
     def stop(self) -> None:
         """Stop every component and remove the run directory; safe to call more than once."""
@@ -485,12 +505,13 @@ class DevCluster:
         middle of a binding); a control plane without a restart would schedule nothing from then on."""
         while not self._unsupervise.wait(1.0):
             for name in SUPERVISED:
-                proc = self._procs.get(name)
-                if proc is not None and proc.poll() is not None:
-                    self._log(f"devcluster: {name} exited with {proc.returncode}; starting it again")
-                    if (out := self._logs.pop(name, None)) is not None:
-                        out.close()
-                    self._spawn(name, self._cmds[name])
+                with self._supervising:
+                    proc = self._procs.get(name)
+                    if proc is not None and proc.poll() is not None:
+                        self._log(f"devcluster: {name} exited with {proc.returncode}; starting it again")
+                        if (out := self._logs.pop(name, None)) is not None:
+                            out.close()
+                        self._spawn(name, self._cmds[name])
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
         self._cmds[name] = cmd

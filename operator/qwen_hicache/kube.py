@@ -52,7 +52,7 @@ class KubeClient(Protocol):
     def annotate(self, api_version: str, kind: str, namespace: str, name: str,
                  annotations: dict[str, str]) -> None: ...  # fmt: skip
     def resize_claim(self, namespace: str, name: str, storage: str) -> None: ...
-    def evict_pod(self, namespace: str, name: str, uid: str) -> bool | None: ...
+    def evict_pod(self, namespace: str, name: str, uid: str, dependents_first: bool = False) -> bool | None: ...
     def delete_orphaning(self, api_version: str, kind: str, namespace: str, name: str, uid: str) -> bool: ...
     def set_owners(self, api_version: str, kind: str, namespace: str, name: str, owners: list[Obj]) -> None: ...
 
@@ -147,13 +147,17 @@ class Kube:
         self._nodes[sel] = (time.monotonic(), nodes)
         return nodes
 
-    def evict_pod(self, namespace: str, name: str, uid: str) -> bool | None:
+    def evict_pod(self, namespace: str, name: str, uid: str, dependents_first: bool = False) -> bool | None:
         """Evict exactly this incarnation of a pod through the eviction API, so the PodDisruptionBudget
         applies to the operator's own restarts too. True: evicted; False: already gone or replaced;
-        None: the budget allows no disruption now (429), try again later."""
+        None: the budget allows no disruption now (429), try again later. `dependents_first`: foreground
+        propagation, the pod object stays until the garbage collector has deleted what it owns (a group
+        leader's worker StatefulSet and its pods), as LeaderWorkerSet deletes a leader itself."""
         preconditions = client.V1Preconditions(uid=uid) if uid else None
+        options = client.V1DeleteOptions(preconditions=preconditions,
+                                          propagation_policy="Foreground" if dependents_first else None)
         body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace),
-                                 delete_options=client.V1DeleteOptions(preconditions=preconditions))
+                                 delete_options=options)
         try:
             client.CoreV1Api(self.api_client).create_namespaced_pod_eviction(name, namespace, body)
             return True

@@ -157,7 +157,7 @@ def _converge(kube: KubeClient, body: Obj, old: sm.QwenHiCacheServerStatus, p: P
     history = execute.annotate_claims(kube, meta, gather.cache_claims(claims, meta["name"]),
                                       p.derived.layout.fingerprint, disk.keep_old_namespaces) if disk.enabled else ()
     pods = gather.pods(kube, meta)
-    workload.repair(kube, meta, pods.serving, outcome.applied)
+    workload.repair(kube, body, pods.serving, post_event, outcome.applied)
     release = functools.partial(workload.release, kube, live, meta, p)
     restart, outcome.rollout_actions = execute.run_rollout(kube, live, meta, old.restart, p,
                                                            workload.views(pods.serving), pods.router, release, now)

@@ -30,6 +30,8 @@ from .units import binary
 Obj = dict[str, Any]
 EventSink = Any
 """post_event(body, type, reason, message)."""
+LONE_WORKER = "LoneWorker"
+"""The event reason of a group's leader evicted because a worker came back without its group."""
 
 
 class Workload(Protocol):
@@ -45,7 +47,8 @@ class Workload(Protocol):
     def views(self, pods: list[Obj]) -> list[rollout.PodView]: ...
     def release(self, kube: KubeClient, live: Live, meta: Obj, p: Plan, rs: Restart,
                 act: rollout.Action) -> Restart | None: ...  # fmt: skip
-    def repair(self, kube: KubeClient, meta: Obj, pods: list[Obj], applied: list[str]) -> None: ...
+    def repair(self, kube: KubeClient, body: Obj, pods: list[Obj], post_event: EventSink,
+               applied: list[str]) -> None: ...  # fmt: skip
     def groups(self, pods: list[Obj], usage: tuple[tuple[str, DiskUsage | None], ...],
                restart: Restart | None) -> tuple[sm.GroupStatus, ...] | None: ...  # fmt: skip
 
@@ -104,7 +107,8 @@ class ServingSet:
             return None
         return rs if kube.evict_pod(meta["namespace"], act.pod, act.uid) is not None else None
 
-    def repair(self, kube: KubeClient, meta: Obj, pods: list[Obj], applied: list[str]) -> None:
+    def repair(self, kube: KubeClient, body: Obj, pods: list[Obj], post_event: EventSink,
+               applied: list[str]) -> None:  # fmt: skip
         """Nothing: the StatefulSet recreates a lost pod by itself."""
 
     def groups(self, pods: list[Obj], usage: Usage, restart: Restart | None) -> tuple[sm.GroupStatus, ...] | None:
@@ -183,12 +187,22 @@ class GroupSet:
         apply_if_drifted(kube, live, render_lws.with_partition(desired, group_rollout.partition_of(rs, self.replicas)))
         return rs
 
-    def repair(self, kube: KubeClient, meta: Obj, pods: list[Obj], applied: list[str]) -> None:
+    def repair(self, kube: KubeClient, body: Obj, pods: list[Obj], post_event: EventSink,
+               applied: list[str]) -> None:  # fmt: skip
         """A worker recreated without its group (LWS #998) waits for a rendezvous that is over: evict its leader
-        (uid precondition, so only that incarnation; the budget applies) and LWS recreates the whole group."""
+        (uid precondition, so only that incarnation; the budget applies) and LWS recreates the whole group. The
+        eviction propagates in the foreground, as LWS's own group delete does: the leader's name stays taken
+        until its worker StatefulSet and the lone worker are gone, so no new leader starts under it while the
+        lone worker (a non-zero rank ignores SIGTERM and lives out its grace period) could still join it (seen
+        on the real control plane with background propagation: the new group formed with the dying worker and
+        broke when it was killed). Each eviction is said in a `LoneWorker` event on the server."""
         for lone in group_rollout.lone_workers(pods):
-            if kube.evict_pod(meta["namespace"], lone.leader, lone.leader_uid):
+            if kube.evict_pod(body["metadata"]["namespace"], lone.leader, lone.leader_uid, dependents_first=True):
                 applied.append(f"Pod/{lone.leader} (evicted: worker {lone.worker} came back without its group)")
+                post_event(body, "Warning", LONE_WORKER, (
+                    f"group {lone.group}: worker {lone.worker} was recreated without its group and waits for a "
+                    f"rendezvous that is over (LeaderWorkerSet issue #998); evicted its leader {lone.leader} "
+                    f"(uid {lone.leader_uid}) so LeaderWorkerSet recreates the whole group"))
 
     def groups(self, pods: list[Obj], usage: Usage, restart: Restart | None) -> tuple[sm.GroupStatus, ...]:
         return group_status.group_entries(self.name, pods, self.size, self.replicas, dict(usage), restart)
