@@ -54,3 +54,21 @@ def test_discovery_never_reads_or_writes_the_shared_tmp_file(
     assert k.get("v1", "Namespace", None, "default") is not None
     assert not [r for r in caplog.records if "cache" in r.getMessage()]
     assert [p.name for p in tmp_path.iterdir()] == [shared.name] and shared.read_text() == ""
+
+
+def test_a_kind_the_server_does_not_serve_is_refused_like_a_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A multi-node server on a cluster without the LeaderWorkerSet CRD: discovery's own error (not an API error)
+    would escape the pass; the pass reports this one in status instead (reconciler catches API_ERRORS)."""
+    from kubernetes.dynamic.exceptions import ResourceNotFoundError
+
+    class _Resources:
+        def get(self, **kw: Any) -> Any:
+            raise ResourceNotFoundError(f"No matches found for {kw}")
+
+    k = _client()
+    k.dyn = type("Dyn", (), {"resources": _Resources()})()
+    with pytest.raises(kube_mod.API_ERRORS) as err:
+        k.get("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "ns", "srv")
+    assert isinstance(err.value, kube_mod.NotServed)
+    assert err.value.reason == "NotServed"
+    assert "does not serve LeaderWorkerSet (leaderworkerset.x-k8s.io/v1)" in err.value.body

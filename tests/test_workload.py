@@ -212,3 +212,18 @@ def test_a_release_whose_status_write_was_lost_is_never_undone(runtime: Runtime)
     world.reconcile(4)
     assert world.partition() == 1 and ("apply", "LeaderWorkerSet", NAME) not in world.kube.writes
 
+
+
+def test_a_multi_node_server_without_the_leaderworkerset_api_says_so_in_status(runtime: Runtime) -> None:
+    """No LWS CRD on the cluster: the pass stops at the LeaderWorkerSet read and reports it (never an unhandled
+    discovery error: the resync would log a traceback every period); nothing of the group is applied."""
+    from qwen_hicache.kube import NotServed
+
+    world = Groups(runtime)
+    world.kube.fail[("get", "LeaderWorkerSet")] = NotServed(render_lws.LWS_API_VERSION, "LeaderWorkerSet")
+    outcome = world.reconcile()
+    assert outcome.error and "does not serve LeaderWorkerSet" in outcome.error
+    assert [w for w in world.kube.writes if w[0] != "patch_status"] == []
+    ready = world.condition("Ready")
+    assert ready["status"] == "False" and ready["reason"] == "ApplyFailed", ready
+    assert "does not serve LeaderWorkerSet (leaderworkerset.x-k8s.io/v1)" in ready["message"]
