@@ -55,10 +55,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 def operator_settings(**changes: Any) -> Any:
-    """The operator's settings for tests: a 1 s resync, a 0.3 s rollout poll, nodes never cached."""
+    """The operator's settings for tests: a 1 s resync, a 0.3 s rollout poll, nodes never cached (`changes` win)."""
     from qwen_hicache.settings import Settings
 
-    return Settings(resync_seconds=1, rollout_poll_seconds=0.3, node_cache_seconds=0, **changes)
+    return Settings(**{"resync_seconds": 1, "rollout_poll_seconds": 0.3, "node_cache_seconds": 0, **changes})
 
 
 def derived(doc: dict[str, Any], node_bytes: int | None = None) -> Any:

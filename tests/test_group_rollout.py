@@ -227,3 +227,15 @@ def test_a_group_still_at_its_canary_when_the_rollout_is_retargeted_waits_for_th
                    started="2026-01-01T00:00:00Z", partition=1)  # fmt: skip
     rs, actions = rollout.plan_rollout(prev, views, "a/r1", 2, POLICY, "2026-01-01T00:01:00Z")
     assert rs.pending == ["srv-0"] and [(a.kind, a.pod) for a in actions] == [("canary", "srv-1")]
+
+
+def test_on_a_first_pass_a_group_still_forming_at_the_target_is_no_view_but_one_at_another_is() -> None:
+    """No rollout record yet: a leader LWS made from the current template, its worker not yet made, is a group
+    forming (left out, so no rollout starts at creation); a partial group made from another template, or a
+    complete one, stays a view (a server re-created over older groups still rolls them)."""
+    new, old = "c2/", "c1/"
+    target = rollout.PodView.from_pod(pod(0, 0, new)).target
+    pods = [pod(0, 0, new, ready=False), pod(1, 0, old), pod(2, 0, new), pod(2, 1, new)]
+    views = group_rollout.group_views(NAME, pods, SIZE, forming_at=target)
+    assert [(v.name, v.target) for v in views] == [(f"{NAME}-1", group_rollout.MIXED), (f"{NAME}-2", target)]
+    assert [v.name for v in group_rollout.group_views(NAME, pods, SIZE)] == [f"{NAME}-{g}" for g in range(3)]

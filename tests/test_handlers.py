@@ -1,20 +1,25 @@
-"""The Kopf shell's own pieces: the serving-pod index the rollout poll reads instead of a pod list, and how a
-failed pass is retried (by the operator, never by Kopf: Kopf's retry writes to the resource)."""
+"""The Kopf shell's own pieces: the serving-pod index the rollout poll reads instead of a pod list, how a
+failed pass is retried (by the operator, never by Kopf: Kopf's retry writes to the resource), and the workload
+watches (StatefulSets and LeaderWorkerSets) that refresh a server's status when its workload's readiness changes."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 
 import kopf
 import pytest
 from fakekube import FakeKube
 from kubernetes.client.exceptions import ApiException
-from qwen_hicache import driver, handlers
-from qwen_hicache.constants import NAME_LABEL, labels, router_labels
+from qwen_hicache import driver, handlers, reconciler
+from qwen_hicache.constants import MANAGED_BY_LABEL, MANAGER, NAME_LABEL, labels, router_labels
 from qwen_hicache.handlers import Operator, register, server_pods
 from qwen_hicache.settings import Settings
 from resources import example
+from test_reconciler import NAME, Runtime
+from test_reconciler import runtime as runtime  # noqa: F401 - the fixture
+from test_workload import Groups
 
 
 def test_the_index_keys_serving_pods_by_server_with_what_the_poll_compares() -> None:
@@ -72,3 +77,55 @@ def test_a_failed_pass_is_retried_by_the_operator_and_never_fails_the_kopf_handl
     applies = [c for c in kube.calls if c[:2] == ("apply", "Service")]
     assert len(applies) >= 2, "the refused pass was tried again"
     assert kube.find("StatefulSet", "srv") is not None and kube.server()["status"]["observedGeneration"] == 1
+
+
+def test_statefulsets_and_leaderworkersets_we_manage_are_watched_by_the_same_handler() -> None:
+    """A multi-node server's readiness arrives as LeaderWorkerSet events (its StatefulSets are LWS's, unlabelled
+    by us), a single-node server's as StatefulSet events: one handler, one own-apply skip, for both."""
+    registry = register(Settings(), kopf.OperatorRegistry())
+    watched = {h.id: h for h in registry._watching.get_all_handlers()}
+    for handler_id, (group, version, plural) in handlers.WORKLOADS.items():
+        selector = watched[handler_id].selector
+        assert (selector.group, selector.version, selector.any_name) == (group, version, plural)
+        assert watched[handler_id].labels == {MANAGED_BY_LABEL: MANAGER}
+        assert watched[handler_id].fn.__func__ is Operator.child_changed  # type: ignore[attr-defined]
+    assert set(handlers.WORKLOADS) == {"child_changed", "group_changed"}
+    assert handlers.WORKLOADS["group_changed"] == ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")
+
+
+@pytest.mark.fake
+def test_a_leaderworkerset_event_runs_a_pass_only_when_a_group_s_readiness_changed(
+        runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Our own apply's event (the LWS as the last pass left it) costs no request; a group going down (LWS's
+    readyReplicas) runs a pass at once, which reports it in status (replicas, status.groups)."""
+    world = Groups(runtime).converged()
+    op = _operator(monkeypatch, world.kube)
+    logger = logging.getLogger("test")
+
+    async def event(obj: dict) -> None:
+        await op.configure(kopf.OperatorSettings())
+        await op.child_changed(copy.deepcopy(obj), logger, type="MODIFIED")
+
+    try:
+        seen = copy.deepcopy(world.lws())
+        seen["metadata"]["resourceVersion"] = "other"  # LWS's own bookkeeping: nothing a pass reads
+        seen["status"]["conditions"] = [{"type": "Available", "status": "True"}]
+        assert reconciler.workload_seen(seen)
+        world.kube.reset()
+        asyncio.run(event(seen))
+        assert world.kube.calls == []
+        assert world.status()["replicasSummary"] == "2/2"
+
+        worker = world.kube.find("Pod", f"{NAME}-1-1")
+        worker["status"]["conditions"][0]["status"] = "False"  # group 1's worker fails its probe
+        world.controller()  # LWS: readyReplicas 1
+        assert not reconciler.workload_seen(world.lws())
+        world.kube.reset()
+        asyncio.run(event(world.lws()))
+    finally:
+        op.stopped()
+    assert ("patch_status", "QwenHiCacheServer", NAME) in world.kube.writes
+    status = world.status()
+    assert status["replicasSummary"] == "1/2"
+    assert [(g["group"], g["readyNodes"]) for g in status["groups"]] == [(0, 2), (1, 1)]
+    assert reconciler.workload_seen(world.lws())  # the next event of this state is skipped again

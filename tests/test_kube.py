@@ -65,3 +65,21 @@ def test_responses_stay_the_plain_json_and_list_items_get_their_kind() -> None:
 
     assert kube_mod.plain(None, listing()) == ResourceInstance(None, listing()).to_dict()
     assert kube_mod.plain(None, {"kind": "PodList", "items": None})["items"] == []
+
+
+def test_a_kind_the_server_does_not_serve_is_refused_like_a_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A multi-node server on a cluster without the LeaderWorkerSet CRD: discovery's own error (not an API error)
+    would escape the pass; the pass reports this one in status instead (reconciler catches API_ERRORS)."""
+    from kubernetes.dynamic.exceptions import ResourceNotFoundError
+
+    class _Resources:
+        def get(self, **kw: Any) -> Any:
+            raise ResourceNotFoundError(f"No matches found for {kw}")
+
+    k = _client()
+    k.dyn = type("Dyn", (), {"resources": _Resources()})()
+    with pytest.raises(kube_mod.API_ERRORS) as err:
+        k.get("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "ns", "srv")
+    assert isinstance(err.value, kube_mod.NotServed)
+    assert err.value.reason == "NotServed"
+    assert "does not serve LeaderWorkerSet (leaderworkerset.x-k8s.io/v1)" in err.value.body

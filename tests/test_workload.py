@@ -5,6 +5,7 @@ and makes nothing ready by itself)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -213,3 +214,50 @@ def test_a_release_whose_status_write_was_lost_is_never_undone(runtime: Runtime)
     world.reconcile(4)
     assert world.partition() == 1 and ("apply", "LeaderWorkerSet", NAME) not in world.kube.writes
 
+
+
+def test_a_multi_node_server_without_the_leaderworkerset_api_says_so_in_status(runtime: Runtime) -> None:
+    """No LWS CRD on the cluster: the pass stops at the LeaderWorkerSet read and reports it (never an unhandled
+    discovery error: the resync would log a traceback every period); nothing of the group is applied."""
+    from qwen_hicache.kube import NotServed
+
+    world = Groups(runtime)
+    world.kube.fail[("get", "LeaderWorkerSet")] = NotServed(render_lws.LWS_API_VERSION, "LeaderWorkerSet")
+    outcome = world.reconcile()
+    assert outcome.error and "does not serve LeaderWorkerSet" in outcome.error
+    assert [w for w in world.kube.writes if w[0] != "patch_status"] == []
+    ready = world.condition("Ready")
+    assert ready["status"] == "False" and ready["reason"] == "ApplyFailed", ready
+    assert "does not serve LeaderWorkerSet (leaderworkerset.x-k8s.io/v1)" in ready["message"]
+
+
+def test_a_group_still_forming_on_a_new_servers_first_pass_starts_no_rollout(runtime: Runtime) -> None:
+    """LWS makes a group's leader first and its workers after it (startupPolicy LeaderCreated). A first pass slow
+    enough to find a leader LWS already made from the template it just applied (no worker yet) took that group for
+    one at another target and started a rollout at creation: the leader was drained from the router and its warm
+    check, on an empty cache, came back cold, so the router never listed it again (the router e2e test's failure
+    in a full run: 'the router did not list both leaders within 120 s')."""
+    world = Groups(runtime, **{"router.enabled": True})
+    apply = world.kube.apply
+
+    def quick_lws(obj: dict) -> dict:
+        applied = apply(obj)
+        if obj["kind"] == "LeaderWorkerSet":  # LWS creates group 0's leader at once, not ready, no worker yet
+            world.pod(0, 0, applied["spec"]["leaderWorkerTemplate"]["leaderTemplate"], ready=False)
+        return applied
+
+    world.kube.apply = quick_lws  # type: ignore[method-assign]
+    outcome = world.reconcile()
+    assert outcome.rollout_actions == 0 and runtime.calls == []  # no canary, no warm check
+    restart = world.status()["restart"]
+    assert restart["phase"] == "Complete" and not restart.get("inFlight") and not restart.get("pending"), restart
+    assert world.partition() == 0
+    manifest = world.kube.find("ConfigMap", f"{NAME}-router-workers")["data"]["workers.json"]
+    assert [w["id"] for w in json.loads(manifest)["workers"]] == [f"{NAME}-0", f"{NAME}-1"]  # no leader drained
+    world.kube.apply = apply  # type: ignore[method-assign]
+    lwt = world.lws()["spec"]["leaderWorkerTemplate"]
+    world.pod(0, 0, lwt["leaderTemplate"])  # group 0 forms: its leader ready, then its worker
+    world.pod(0, 1, lwt["workerTemplate"])
+    world.controller()  # group 1
+    world.reconcile(1)
+    assert world.status()["restart"]["phase"] == "Complete" and world.status()["replicasSummary"] == "2/2"

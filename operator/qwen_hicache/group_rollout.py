@@ -71,13 +71,27 @@ def group_view(name: str, group: int, members: dict[int, Obj], size: int) -> Pod
     )
 
 
-def group_views(name: str, pods: list[Obj], size: int, replicas: int = 0) -> list[PodView]:
+def forming(members: dict[int, Obj], size: int, target: str) -> bool:
+    """A group LWS is still creating from the template at `target`: not every member there yet (the leader comes
+    first, the workers after it), and each one there made at that target."""
+    targets = {PodView.from_pod(p).target for p in members.values()}
+    return bool(members) and len(members) < size and targets == {target}
+
+
+def group_views(name: str, pods: list[Obj], size: int, replicas: int = 0, forming_at: str | None = None
+                ) -> list[PodView]:  # fmt: skip
     """A view per group with pods, and (`replicas`) per desired group with none right now: such a group is down,
     at no target, and a rollout that starts now plans it in its turn. Left out of the plan, it would come back
     (LWS recreating it at the held partition, on the old revision) behind a partition already lowered past it,
-    and LWS would restart it at once beside the group being rolled: two groups down, no canary, no warm check."""
+    and LWS would restart it at once beside the group being rolled: two groups down, no canary, no warm check.
+
+    `forming_at` (a server with no rollout record yet, so its first pass): groups still forming at that target are
+    left out. Their view is at no target (`MIXED`: not complete), which would start a rollout at creation: the
+    leader drained from the router, then a warm check on an empty cache, cold, and the leader never listed again."""
     members = groups_of(pods)
-    return [group_view(name, g, members.get(g, {}), size) for g in sorted(set(members) | set(range(replicas)))]
+    wanted = sorted(set(members) | set(range(replicas)))
+    return [group_view(name, g, members.get(g, {}), size) for g in wanted
+            if forming_at is None or not forming(members.get(g, {}), size, forming_at)]
 
 
 def group_index(group_name: str) -> int:

@@ -25,6 +25,12 @@ from .spec import GROUP, PLURAL, VERSION
 from .status_model import restart_of
 
 RESOURCE = (GROUP, VERSION, PLURAL)
+WORKLOADS = {"child_changed": ("apps", "v1", "statefulsets"),
+             "group_changed": ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")}
+"""The kinds a server's serving workload takes (one node per replica, or LeaderWorkerSet groups), by the id of the
+event handler that watches them. Without the LeaderWorkerSet API (no LWS installed) Kopf serves only the
+StatefulSets: it logs once at start-up that the resource is unresolved and watches nothing for it (resources are
+scanned at start-up only: an LWS installed later is watched after the operator's next restart)."""
 PodMark = tuple[str, str, str]
 """(name, uid, resourceVersion): what a rollout poll reads of a pod (`driver.world_mark`)."""
 
@@ -171,10 +177,11 @@ class Operator:
 
     async def child_changed(self, body: kopf.Body, logger: logging.Logger, type: str | None = None,
                             instance_pods: indexed.PodsIndex | None = None, **_: Any) -> None:  # fmt: skip
-        """A StatefulSet we own changed (readiness, deletion): refresh its owner's status. An event showing the set
-        exactly as the last pass saw it (our own apply, the controller's revision bookkeeping) is skipped: that pass
-        would read the same and write nothing. Kopf never retries event handlers, so a failure is retried here
-        within seconds, then left to the resync timer (never raised)."""
+        """A workload we own (StatefulSet or LeaderWorkerSet) changed (readiness, deletion): refresh its owner's
+        status. An event showing the workload exactly as the last pass saw it (our own apply, the controller's
+        revision or status bookkeeping) is skipped: that pass would read the same and write nothing. Kopf never
+        retries event handlers, so a failure is retried here within seconds, then left to the resync timer (never
+        raised)."""
         if type != "DELETED" and reconciler.workload_seen(dict(body)):
             return
         owner = body.get("metadata", {}).get("labels", {}).get("app.kubernetes.io/instance")
@@ -217,8 +224,9 @@ class Operator:
         kopf.timer(*RESOURCE, registry=registry, id="resync", interval=interval, initial_delay=interval)(
             self.resync)
         kopf.on.delete(*RESOURCE, registry=registry, id="forget_metrics", optional=True)(self.deleted)
-        kopf.on.event("apps", "v1", "statefulsets", registry=registry, id="child_changed",
-                      labels={"app.kubernetes.io/managed-by": MANAGER})(self.child_changed)
+        for handler_id, workload in WORKLOADS.items():
+            kopf.on.event(*workload, registry=registry, id=handler_id, labels={MANAGED_BY_LABEL: MANAGER})(
+                self.child_changed)
         kopf.index("", "v1", "pods", registry=registry, id="server_pods",
                    labels={NAME_LABEL: SERVER_APP, INSTANCE_LABEL: kopf.PRESENT})(server_pods)
         kopf.index("", "v1", "pods", registry=registry, id="instance_pods",

@@ -16,12 +16,26 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.discovery import LazyDiscoverer
-from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError
+from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError, ResourceNotFoundError
 
 from .constants import API_VERSION, KIND, MANAGER
 
 Obj = dict[str, Any]
-API_ERRORS = (ApiException, DynamicApiError)
+
+
+class NotServed(Exception):
+    """The API server does not serve a kind the operator needs (its CRD is not installed: a multi-node server's
+    LeaderWorkerSet without the LWS controller). Refused like a call, so the pass reports it in status."""
+
+    reason = "NotServed"
+
+    def __init__(self, api_version: str, kind: str) -> None:
+        self.body = (f"the API server does not serve {kind} ({api_version}): is its CustomResourceDefinition "
+                     "installed?")  # fmt: skip
+        super().__init__(self.body)
+
+
+API_ERRORS = (ApiException, DynamicApiError, NotServed)
 """What a refused or failed call raises (a fake client raises ApiException too)."""
 
 
@@ -96,7 +110,11 @@ class Kube:
 
     @cache  # noqa: B019 - one Kube per process; discovery results never change for it
     def _resource(self, api_version: str, kind: str) -> Any:
-        return self.dyn.resources.get(api_version=api_version, kind=kind)
+        """The kind's API (a kind not served is not cached: a CRD installed later is found by the next call)."""
+        try:
+            return self.dyn.resources.get(api_version=api_version, kind=kind)
+        except ResourceNotFoundError:
+            raise NotServed(api_version, kind) from None
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
         """The live object, or None when it does not exist."""

@@ -122,8 +122,8 @@ class GroupSet:
     kind = render_lws.LWS_KIND
     api_version = render_lws.LWS_API_VERSION
 
-    def __init__(self, name: str, size: int, replicas: int, restart: Restart | None) -> None:
-        self.name, self.size, self.replicas, self.restart = name, size, replicas, restart
+    def __init__(self, name: str, size: int, replicas: int, restart: Restart | None, target: str = "") -> None:
+        self.name, self.size, self.replicas, self.restart, self.target = name, size, replicas, restart, target
 
     def desired(self, p: Plan) -> Obj | None:
         return next((o for o in p.children if o["kind"] == self.kind and o["metadata"]["name"] == self.name), None)
@@ -169,8 +169,11 @@ class GroupSet:
 
     def views(self, pods: list[Obj]) -> list[rollout.PodView]:
         """Every desired group, a missing one as down (group_views), once the server has a rollout record: on
-        its first pass a new server's groups are all missing, and that is a creation, not a restart."""
-        return group_rollout.group_views(self.name, pods, self.size, self.replicas if self.restart else 0)
+        its first pass a new server's groups are all missing or still forming (LWS was quick: a leader made from
+        the template this pass applied, its workers not yet), and that is a creation, not a restart."""
+        if self.restart is None:
+            return group_rollout.group_views(self.name, pods, self.size, forming_at=self.target)
+        return group_rollout.group_views(self.name, pods, self.size, self.replicas)
 
     def release(self, kube: KubeClient, live: Live, meta: Obj, p: Plan, rs: Restart,
                 act: rollout.Action) -> Restart | None:  # fmt: skip
@@ -246,5 +249,5 @@ def manager_for(p: Plan, name: str = "", restart: Restart | None = None) -> Work
     while a change is refused: readiness is the running groups'); `restart`: the rollout as last recorded (a
     group's partition follows it)."""
     if p.spec is not None and p.spec.nodes > 1:
-        return GroupSet(name or p.meta.get("name", ""), p.spec.nodes, p.spec.replicas, restart)
+        return GroupSet(name or p.meta.get("name", ""), p.spec.nodes, p.spec.replicas, restart, p.target)
     return ServingSet()

@@ -3,12 +3,14 @@ stand-in across nodes: a `nodesPerReplica: 2` x `replicas: 2` QwenHiCacheServer 
 node ranks, rendezvous), a rolling restart rolls group by group from the highest index and every node of every
 group comes back warm from its own claim, a worker that lost its volume makes its group cold and the rollout
 pauses there, a deleted worker pod recreates its group warm, and a SIGKILLed operator resumes a rollout without
-restarting any pod twice. The API server refuses a change of `nodesPerReplica`.
+restarting any pod twice. The API server refuses a change of `nodesPerReplica`. With the resync timer out of the
+way, a group's readiness reaches the server's status through the operator's LeaderWorkerSet watch.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 import time
@@ -20,13 +22,20 @@ import pytest
 from kubehelpers import condition, eventually, get_server
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from qwen_hicache import engine, group_rollout, reconciler, render_lws, rollout
+from qwen_hicache import engine, gather, group_rollout, reconciler, render_lws, rollout
 from qwen_hicache.kube import Kube
+from qwen_hicache.render_router import worker_url
+from qwen_hicache.router import router_workers
 from qwen_hicache.spec import GROUP, PLURAL, VERSION
-from resources import variant
+from resources import operator_settings, variant
+from test_router_rollout import TEXTS, _router_ip
 
+from harness.inprocess import operator_thread
+from harness.polling import wait_for
 from harness.sim.cluster import SimCluster
 from harness.sim.node import NodeShape
+from harness.sim.routerlab import landing_replicas
+from harness.sim.routerpod import RouterPods
 
 pytestmark = pytest.mark.integration
 NAME, SIZE, REPLICAS = "flash-next", 2, 2
@@ -47,6 +56,14 @@ def groups(kube_api: client.ApiClient, namespace: str, tmp_path: Path) -> Iterat
     with SimCluster(kube_api, tmp_path / "volumes", namespace, nodes=4, max_grace_seconds=30) as sim:
         sim.weights_claim(namespace)
         yield sim, client.CoreV1Api(kube_api)
+
+
+@pytest.fixture
+def no_resync_operator(crd: None, devcluster: Any) -> Iterator[None]:
+    """The operator in this process with a resync (600 s) that never fires within a test: a pass runs only on the
+    resource's own events, a child's event (the LeaderWorkerSet watch) or a rollout poll."""
+    with operator_thread(settings=operator_settings(resync_seconds=600)):
+        yield
 
 
 def _pods(core: client.CoreV1Api, ns: str) -> list[dict]:
@@ -350,3 +367,129 @@ def test_a_group_no_node_can_hold_is_refused_with_nothing_applied(
             _lws(custom, namespace)
         assert err.value.status == 404  # nothing of the group applied
 
+
+
+class Readiness(Sampler):
+    """Every change of the LWS's ready groups and of the server's status.replicasSummary, with when it was seen."""
+
+    def __init__(self, custom: client.CustomObjectsApi, ns: str) -> None:
+        super().__init__()
+        self.custom, self.ns = custom, ns
+        self.lws: list[tuple[int, float]] = []
+        self.server: list[tuple[str, float]] = []
+
+    def tick(self) -> None:
+        lws = (_lws(self.custom, self.ns).get("status") or {}).get("readyReplicas") or 0
+        summary = (get_server(self.custom, self.ns, NAME).get("status") or {}).get("replicasSummary")
+        now = time.monotonic()
+        if not self.lws or self.lws[-1][0] != lws:
+            self.lws.append((lws, now))
+        if not self.server or self.server[-1][0] != summary:
+            self.server.append((summary, now))
+
+    def since(self, t: float) -> list[int]:
+        return [v for v, at in self.lws if at >= t]
+
+    def lags(self, hold: float) -> list[tuple[int, float | None]]:
+        """For each LWS readiness that held `hold` seconds or more: how long after it the server's status said so
+        (None: never)."""
+        out = []
+        ends = [at for _, at in self.lws[1:]] + [time.monotonic()]
+        for (ready, at), end in zip(self.lws, ends, strict=True):
+            if end - at >= hold:
+                shown = [t for summary, t in self.server if summary == f"{ready}/{REPLICAS}" and t >= at - 0.5]
+                out.append((ready, round(shown[0] - at, 1) if shown else None))
+        return out
+
+
+def test_a_groups_readiness_reaches_status_through_the_leaderworkerset_watch_not_the_resync(
+        no_resync_operator: None, groups: Any, custom: client.CustomObjectsApi, namespace: str) -> None:  # fmt: skip
+    """Resync 600 s, no rollout: after the create pass only LeaderWorkerSet events can run a pass (the LWS's own
+    StatefulSets carry no label of ours). The groups forming, then one group going down and coming back (its worker
+    deleted: LWS recreates the group), each reach status.replicasSummary within seconds of the LWS's readyReplicas."""
+    sim, core = groups
+    hold, lag = 3.0, 10.0  # a state the LWS held 3 s (0.2 s samples) shows in status within 10 s (resync: 600 s)
+    with Readiness(custom, namespace) as seen:
+        obj = _up(custom, namespace)
+        assert obj["status"]["replicasSummary"] == "2/2"
+        assert [g["readyNodes"] for g in obj["status"]["groups"]] == [SIZE, SIZE]
+        deleted = time.monotonic()
+        core.delete_namespaced_pod(f"{NAME}-1-1", namespace)
+        eventually(lambda: seen.since(deleted)[:1] == [1], timeout=60)  # LWS: group 1 is down
+        eventually(lambda: seen.since(deleted)[-1:] == [2] and seen.server[-1][0] == "2/2", timeout=TIMEOUT)
+        time.sleep(hold)  # the last state held
+    lags = seen.lags(hold)
+    why = (lags, seen.lws, seen.server)
+    assert [r for r, _ in lags][-2:] == [1, 2], why  # group 1 down, then back
+    assert all(shown is not None and shown < lag for _, shown in lags), why
+
+
+@pytest.fixture
+def first_pass_meets_a_forming_group(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The operator's (in-process) first pass of a server lists its pods only once LWS has made a group's leader
+    and not yet its worker (waiting up to 10 s for that moment, which LeaderCreated always gives: the worker
+    StatefulSet comes after the leader pod): what a pass slowed by a loaded machine meets by chance. The pods that
+    first pass saw are recorded."""
+    real, seen = gather.pods, []
+
+    def forming(found: gather.Pods) -> bool:
+        groups = group_rollout.groups_of(found.serving)
+        return any(0 in members and len(members) < SIZE for members in groups.values())
+
+    def pods(kube: Any, meta: dict) -> gather.Pods:
+        found = real(kube, meta)
+        if not seen:
+            deadline = time.monotonic() + 10
+            while not forming(found) and time.monotonic() < deadline:
+                time.sleep(0.05)
+                found = real(kube, meta)
+            seen.append(sorted(p["metadata"]["name"] for p in found.serving))
+        return found
+
+    monkeypatch.setattr(gather, "pods", pods)
+    return seen
+
+
+def test_the_router_lists_exactly_the_group_leaders_and_requests_reach_only_leaders(
+        operator: None, groups: Any, kube_api: client.ApiClient, custom: client.CustomObjectsApi, namespace: str,
+        first_pass_meets_a_forming_group: list[list[str]]) -> None:  # fmt: skip
+    """The real router (smg) in front of the groups: its manifest names each group's leader by its group DNS name,
+    the router lists exactly those two (no worker: nodes > 0 serve no API), and every request sent through it is
+    served by a leader.
+
+    The server's first pass meets a group still forming (a leader, no worker yet). That used to start a rollout at
+    creation (the group's view, incomplete, was at no target): the leader was drained from the router, its warm
+    check on an empty cache came back cold (Paused, ColdStart) and the router never listed it again, while the
+    server reported Ready; in a full run a slow first pass met that moment by chance ('the router did not list both
+    leaders within 120 s')."""
+    sim, core = groups
+    with RouterPods(kube_api, sim.root) as routers:
+        obj = _up(custom, namespace, **{"router.enabled": True})
+        first = first_pass_meets_a_forming_group[0]
+        assert any(f"{NAME}-{g}" in first and f"{NAME}-{g}-1" not in first for g in range(REPLICAS)), first
+        rs = obj["status"]["restart"]
+        assert rs["phase"] == "Complete" and not rs.get("results") and not rs.get("inFlight"), rs  # no restart
+        port, model = obj["spec"]["runtime"]["port"], obj["spec"]["model"]["servedName"]
+        manifest = core.read_namespaced_config_map(f"{NAME}-router-workers", namespace).data["workers.json"]
+        urls = sorted(w["url"] for w in json.loads(manifest)["workers"])
+        assert urls == [worker_url(NAME, namespace, g, port, SIZE) for g in range(REPLICAS)], urls
+        ip = wait_for(lambda: _router_ip(kube_api, namespace), "a ready router pod", timeout=60)
+        leaders = {f"{NAME}-{g}": "ready" for g in range(REPLICAS)}
+        seen: list[dict | None] = []
+
+        def listed() -> bool:
+            workers = router_workers(ip, 8000)
+            if not seen or seen[-1] != workers:
+                seen.append(workers)
+            return workers == leaders
+
+        try:
+            wait_for(listed, "the router listing both leaders", timeout=60)
+        except TimeoutError as err:
+            raise AssertionError(f"{err}: router /workers went {seen}; cluster DNS {routers.dns.records}; "
+                                 f"errors {routers.errors[:3]}") from None
+        leader_urls = [f"http://{sim.pod_ip(namespace, f'{NAME}-{g}')}:{port}" for g in range(REPLICAS)]
+        landed = landing_replicas(f"http://{ip}:8000", model, TEXTS, leader_urls)  # an error here fails the test
+        assert sorted(set(landed)) == list(range(REPLICAS)), landed  # each request on one leader, both used
+        assert router_workers(ip, 8000) == leaders
+        assert not routers.errors, routers.errors[:3]

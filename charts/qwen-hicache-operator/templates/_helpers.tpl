@@ -69,10 +69,11 @@ Shared by the ClusterRole (cluster-wide mode) and every Role (namespace-scoped m
   resources: ["statefulsets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # A multi-node server's LeaderWorkerSet (nodesPerReplica > 1; needs the LWS controller): read to compare,
-# server-side apply (create + patch), its partition lowered group by group during a rolling restart.
+# server-side apply (create + patch), its partition lowered group by group during a rolling restart; watched
+# (managed-by label) so a group's readiness refreshes the owner's status. Without the LWS CRD nothing is called.
 - apiGroups: ["leaderworkerset.x-k8s.io"]
   resources: ["leaderworkersets"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # The client, headless and router Services: listed by the server's labels to compare (one list for all of
 # them), server-side apply (create + patch, as above).
 - apiGroups: [""]
