@@ -261,3 +261,38 @@ def test_a_group_still_forming_on_a_new_servers_first_pass_starts_no_rollout(run
     world.controller()  # group 1
     world.reconcile(1)
     assert world.status()["restart"]["phase"] == "Complete" and world.status()["replicasSummary"] == "2/2"
+
+
+def test_a_group_rollout_drains_each_leader_from_the_router_before_its_group_goes_down(runtime: Runtime) -> None:
+    """The single-node rollout's router seam, for groups: a group's leader leaves the router's worker list after
+    its canary, the partition is lowered past the group only once no router routes to it any more, and the leader
+    is listed again after its warm check. The router stand-in follows the manifest one pass late."""
+    world = Groups(runtime, **{"router.enabled": True})
+    world.reconcile()
+    world.controller()
+    world.router_pod()
+
+    def manifest() -> set[str]:
+        text = world.kube.find("ConfigMap", f"{NAME}-router-workers")["data"]["workers.json"]
+        return {w["id"] for w in json.loads(text)["workers"]}
+
+    runtime.routes = dict.fromkeys(LEADERS, "ready")
+    world.reconcile(1)
+    assert manifest() == LEADERS
+    world.edit(restart="r1")
+    lowered: list[tuple[int, set[str]]] = []  # (partition, what the router routed to when the pass lowered it)
+    for minute in range(2, 30):
+        routed, before = set(runtime.routes), world.partition()
+        world.reconcile(minute)
+        if world.partition() < before:
+            lowered.append((world.partition(), routed))
+        world.controller()
+        runtime.routes = dict.fromkeys(manifest(), "ready")  # the router reads the new manifest after the pass
+        if world.status()["restart"]["phase"] == "Complete":
+            break
+    rs = world.status()["restart"]
+    assert rs["phase"] == "Complete" and [r["pod"] for r in rs["results"]] == [f"{NAME}-1", f"{NAME}-0"], rs
+    assert all(r["warm"] for r in rs["results"])
+    # Group 1 went down only after the router stopped routing to its leader, then group 0 likewise.
+    assert lowered == [(1, {f"{NAME}-0"}), (0, {f"{NAME}-1"})], lowered
+    assert manifest() == LEADERS and world.status()["router"]["drained"] == []
