@@ -42,8 +42,6 @@ class Derived:
     command: launch.Command
     """The runtime container's derived arguments (everything but `runtime.extraArgs`), environment and startup
     allowance."""
-    managed_args: tuple[str, ...]
-    """The runtime's arguments the operator derives (everything but `runtime.extraArgs`)."""
     args: tuple[str, ...]
     """The runtime's full argument list (after the entrypoint), extra args last."""
     managed_flags: frozenset[str]
@@ -120,7 +118,6 @@ def derive(spec: QwenHiCacheServerSpec, geometry: Geometry, node_bytes: int | No
         launch=sizing,
         layout=CacheLayout(fp, inputs, drain),
         command=command,
-        managed_args=command.managed_args,
         args=(*command.managed_args, *spec.runtime.extra_args),
         managed_flags=flag_names(command.managed_args) | launch.ALWAYS_MANAGED,
         config_hash=restarts.config_hash,
