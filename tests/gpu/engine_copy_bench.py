@@ -6,6 +6,13 @@ The copy is the call the runtime's host pool makes for that backend and layout
 with `item_size = token_stride_size`, `src_layout_dim = token_stride_size * layer_num`), one call per layer, on
 Flash-Next's per-rank KV shape at TP 2 (13 layers x 1 KV head x 256, FP8: 256 B per token and layer, K and V),
 512 random 64-token pages. The limit is one 1 GiB contiguous pinned host->device copy. CUDA events, median of 5.
+
+Where the runtime's JIT kernels build (a CUDA toolchain: the image's nvcc wheels, CUDA_HOME set by run_engine.py), the
+pool does not call sgl_kernel at all: `MHATokenToKVPoolHost` sets `can_use_jit` from
+`can_use_hicache_jit_kernel(page_size, element_size)` and then calls `transfer_hicache_one_layer` on its page_first
+per-layer views (`k_buffer.transpose(0, 1)[layer]`), through the TMA kernel where `use_hicache_tma_kernel` allows it
+(rows per TMA chunk must divide the page). That path is measured too, at the rendered page size (64) and at 128, each
+with the kernel the runtime's own predicates choose.
 """
 
 from __future__ import annotations
@@ -62,10 +69,51 @@ def main() -> None:
     dev = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     t_limit = _time(lambda: dev.copy_(big, non_blocking=True))
     kernel_gbps, limit_gbps = moved / t_kernel / 1e9, (1 << 30) / t_limit / 1e9
+    jit = {str(size): _jit(src_k, src_v, dst_k, dst_v, src_idx, dst_idx, size, moved, limit_gbps) for size in (64, 128)}
     print(json.dumps({"ran": True, "correct": ok, "bytes": moved, "kernel_gbps": round(kernel_gbps, 2),
                       "limit_gbps": round(limit_gbps, 2), "ratio": round(kernel_gbps / limit_gbps, 3),
                       "what": "sgl_kernel.kvcacheio.transfer_kv_per_layer_pf_lf, 13 layers x 512 pages x 64 tokens "
-                              "x 256 B, K and V, vs one 1 GiB pinned copy"}))  # fmt: skip
+                              "x 256 B, K and V, vs one 1 GiB pinned copy", "jit": jit}))  # fmt: skip
+
+
+def _jit(src_k, src_v, dst_k, dst_v, src_idx, dst_idx, page: int, moved: int, limit_gbps: float) -> dict:
+    """The runtime's JIT path as the host pool calls it for page_first at this page size (the same tokens, regrouped
+    into pages of `page`): which kernel its predicates pick, whether the bytes arrive, and the throughput."""
+    try:
+        from sglang.kernels.ops.kvcache import hicache
+    except Exception as err:  # noqa: BLE001 - reported, not fatal: the sgl_kernel figure stands on its own
+        return {"ran": False, "why": f"import: {err!r}"[:300]}
+    item, layers = src_k.shape[-1], src_k.shape[1]
+    try:
+        usable = hicache.can_use_hicache_jit_kernel(page_size=page, element_size=item)
+        tma = usable and hicache.use_hicache_tma_kernel(element_size=item, block_quota=hicache.TMA_BLOCK_QUOTA,
+                                                        page_size=page)  # fmt: skip
+    except Exception as err:  # noqa: BLE001
+        return {"ran": False, "why": f"can_use_hicache_jit_kernel: {err!r}"[:300]}
+    if not usable:
+        return {"ran": False, "why": "can_use_hicache_jit_kernel is False (the runtime logs why)"}
+    g = torch.Generator().manual_seed(1)
+    n = src_idx.numel() // page
+    hp = torch.randperm(src_k.shape[0] // page, generator=g)[:n]
+    dp = torch.randperm(dst_k[0].shape[0] // page, generator=g)[:n]
+    ar = torch.arange(page)
+    s_idx = (hp[:, None] * page + ar).reshape(-1).cuda()
+    d_idx = (dp[:, None] * page + ar).reshape(-1).cuda()
+    k_refs, v_refs = src_k.transpose(0, 1), src_v.transpose(0, 1)  # the pool's page_first per-layer views
+
+    def kernel():
+        for layer in range(layers):
+            hicache.transfer_hicache_one_layer(page_size=page, k_cache_dst=dst_k[layer], v_cache_dst=dst_v[layer],
+                                               k_cache_src=k_refs[layer], v_cache_src=v_refs[layer],
+                                               indices_dst=d_idx, indices_src=s_idx, element_dim=item)  # fmt: skip
+
+    kernel()
+    torch.cuda.synchronize()
+    rows = s_idx[: 3 * page : page // 2].cpu(), d_idx[: 3 * page : page // 2].cpu()
+    ok = all(torch.equal(dst_v[5][d].cpu(), src_v[s, 5]) for s, d in zip(*rows, strict=True))
+    gbps = moved / _time(kernel) / 1e9
+    return {"ran": True, "correct": ok, "tma": bool(tma), "gbps": round(gbps, 2), "ratio": round(gbps / limit_gbps, 3),
+            "what": f"sglang.kernels.ops.kvcache.hicache.transfer_hicache_one_layer, page {page}"}
 
 
 if __name__ == "__main__":

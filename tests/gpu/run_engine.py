@@ -133,6 +133,7 @@ def install(args, report: dict) -> None:
 
 # ---- files on the cache volume ---------------------------------------------------------------------------------
 POOLS = ("draft_indexer", "draft", "indexer", "mamba")  # file-name tags (hicache_storage.PoolName); else KV
+COPY_BUDGET = 300  # the copy benchmark; the JIT kernels it measures compile first (nvcc) where the toolchain is carried
 
 
 def page_files(d: Path) -> dict[str, int]:
@@ -299,8 +300,11 @@ def copy_bench(site: Path) -> dict:
     """Host->GPU copy through the io backend the operator renders (kernel: sgl_kernel.kvcacheio, page_first),
     against one 1 GiB contiguous pinned copy, measured in a separate interpreter."""
     env = {**os.environ, "PYTHONPATH": str(site)}
+    toolchain = site / "nvidia" / "cu13"
+    if (toolchain / "bin" / "nvcc").exists():  # the lock's nvcc wheels: the runtime's JIT kernels can build
+        env |= {"CUDA_HOME": str(toolchain), "PATH": f"{toolchain / 'bin'}:{site / 'bin'}:{env.get('PATH', '')}"}
     r = subprocess.run([sys.executable, str(HERE / "engine_copy_bench.py")], env=env, capture_output=True,
-                       text=True, timeout=240)  # fmt: skip
+                       text=True, timeout=COPY_BUDGET - 20)  # fmt: skip
     try:
         return json.loads(r.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -535,19 +539,25 @@ def step_copy(args, st, report: dict) -> None:
     report["copy"] = copy_bench(args.site)
     report["copy_gbps"] = report["copy"].get("kernel_gbps")
     report["copy_limit_gbps"] = report["copy"].get("limit_gbps")
+    report["copy_jit"] = report["copy"].get("jit")  # the runtime's JIT kernels, where its toolchain was carried
 
 
 def engine_part(run: Run, args, st) -> None:
     r = run.report
+    skip = set(args.skip.split(","))
     run.step("model", 120, lambda: step_model(args, st, r), needs=run.base)
-    run.step("cold", args.budget_cold, lambda: step_cold(args, st, r), needs=("model",))
-    run.step("restart", args.budget_restart, lambda: step_restart(args, st, r), needs=("cold",))
-    if not args.smoke and "fingerprint_and_damage" not in args.skip.split(","):
+    if "cold" in skip:  # the wide and copy steps only: the first turns' prompts without the tiny model's servers
+        st.convs = ep.conversations(4 + (1 if args.tp > 1 else 0), 2, args.prompt_chars)
+    else:
+        run.step("cold", args.budget_cold, lambda: step_cold(args, st, r), needs=("model",))
+        run.step("restart", args.budget_restart, lambda: step_restart(args, st, r), needs=("cold",))
+    if not args.smoke and not skip & {"cold", "fingerprint_and_damage"}:
         run.step("fingerprint_and_damage", args.budget_damage, lambda: step_fingerprint_and_damage(args, st, r),
                  needs=("cold",))  # fmt: skip
-        run.step("copy", 90, lambda: step_copy(args, st, r), needs=run.base)
-        if args.wide:
-            run.step("wide", args.budget_wide, lambda: step_wide(args, st, r), needs=("cold",))
+    if not args.smoke and "copy" not in skip:
+        run.step("copy", COPY_BUDGET, lambda: step_copy(args, st, r), needs=run.base)
+    if args.wide:
+        run.step("wide", args.budget_wide, lambda: step_wide(args, st, r), needs=run.base)
     collect_check(st, r)
     run.save()
 
@@ -565,7 +575,7 @@ def environment() -> dict:
 
 BENCH_JSON = REPO / "bench" / "gpu_engine.json"
 RECORD_KEYS = ("date", "gpu", "model_type", "tp", "restarts", "ttft_cold_s", "ttft_host_s", "ttft_disk_s",
-               "restore_gbps", "disk_read_gbps", "copy_gbps", "copy_limit_gbps", "damage",
+               "restore_gbps", "disk_read_gbps", "copy_gbps", "copy_limit_gbps", "copy_jit", "damage",
                "router", "wide", "stand_ins", "rollout_warm", "stop_exit_codes", "files_after_flush",
                "host_pool_per_rank", "fingerprint_change", "first_tokens_identical", "recompute_identical",
                "reuse_identical", "damage_storage_tokens")  # fmt: skip
@@ -693,7 +703,7 @@ def main() -> int:
     ap.add_argument("--host", default="127.0.0.1", help="the one-pod sequence's address (ports 30000-30002)")
     ap.add_argument("--router-net", type=int, default=77, help="loopback 127.0.N.x for the router part's pods")
     ap.add_argument("--max-new", type=int, default=16)
-    ap.add_argument("--skip", default="", help="steps to leave out, e.g. fingerprint_and_damage (a short lease)")
+    ap.add_argument("--skip", default="", help="leave out: fingerprint_and_damage, copy, cold (and restart)")
     ap.add_argument("--smoke", action="store_true", help="two conversations, one restart, no damage/fingerprint")
     ap.add_argument("--prompt-chars", type=int, default=32000, help="document size (32000 chars: 8.5k-9.3k tokens)")
     ap.add_argument("--fillers", type=int, default=48)
