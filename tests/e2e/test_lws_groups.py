@@ -415,7 +415,7 @@ def test_a_groups_readiness_reaches_status_through_the_leaderworkerset_watch_not
         assert [g["readyNodes"] for g in obj["status"]["groups"]] == [SIZE, SIZE]
         deleted = time.monotonic()
         core.delete_namespaced_pod(f"{NAME}-1-1", namespace)
-        eventually(lambda: seen.since(deleted)[:1] == [1], timeout=TIMEOUT)  # LWS: group 1 is down (grace and load decide when)
+        eventually(lambda: seen.since(deleted)[:1] == [1], timeout=TIMEOUT)  # group 1 down: grace and load decide when
         eventually(lambda: seen.since(deleted)[-1:] == [2] and seen.server[-1][0] == "2/2", timeout=TIMEOUT)
         time.sleep(hold)  # the last state held
     lags = seen.lags(hold)
