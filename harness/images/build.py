@@ -84,8 +84,11 @@ def _check_tree(store: Store, ref: str) -> None:
 
 
 def _check_runtime(store: Store, ref: str) -> None:
-    """The full runtime: patched tree, and ``launch_server --help`` accepts every flag the operator renders."""
+    """The full runtime: patched tree, ``launch_server --help`` accepts every flag the operator renders, and the JIT
+    kernels' toolchain is there (CUDA_HOME from images/runtime/cuda-home.sh, nvcc runs, a host C++ compiler)."""
     _check_tree(store, ref)
+    _run_in(store, ref, ["sh", "-c", '"$CUDA_HOME/bin/nvcc" --version && g++ --version '
+                                     '&& test -e "$CUDA_HOME/lib64/libcudart.so"'])  # fmt: skip
     _check_flags(_run_in(store, ref, ["python3", "-m", "sglang.launch_server", "--help"]), "sglang", ref)
 
 
@@ -131,7 +134,7 @@ IMAGES: dict[str, ImageSpec] = {s.name: s for s in (
               check=_check_router),
     ImageSpec("runtime-tree", "sglang-hicache-tree", "Dockerfile.hicache", ("runtime_patches",), "BASE_IMAGE",
               target="tree", check=_check_tree),
-    ImageSpec("runtime", "sglang-hicache", "Dockerfile.hicache", ("runtime_patches",), "BASE_IMAGE",
+    ImageSpec("runtime", "sglang-hicache", "Dockerfile.hicache", ("runtime_patches", "images/runtime"), "BASE_IMAGE",
               target="runtime", check=_check_runtime, ci=False),
     ImageSpec("runtime-sim", "sglang-hicache-sim", "harness/images/Dockerfile.sim-runtime",
               ("harness/__init__.py", "harness/sim"), "RUNTIME_IMAGE", base="runtime-tree"),

@@ -1,0 +1,93 @@
+"""The runtime image's CUDA toolchain builds the runtime's own HiCache transfer kernels.
+
+Where sglang's JIT kernels build, the host pool moves pages with them (`MHATokenToKVPoolHost.can_use_jit`): 49.5 GB/s
+on an H200 against 11 GB/s for sgl_kernel's fallback (bench/gpu_engine.md). They build with `$CUDA_HOME/bin/nvcc` and
+link `-L$CUDA_HOME/lib64 -lcudart`. The image has no CUDA toolkit, only the lock's nvidia-* wheels, whose layout has
+no lib64/libcudart.so: images/runtime/cuda-home.sh makes a CUDA_HOME of them (Dockerfile.hicache's runtime stage).
+Here the lock's toolchain wheels (hash-checked) are installed as pip installs them, and the patched tree's own JIT
+loader builds both HiCache modules (register and TMA) for sm_90a, no GPU needed; without the script the link fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import PATCHES, REPO
+
+from harness.sim.sglang_tree import _cache_root
+
+TOOLCHAIN = ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-cuda-cccl", "nvidia-cuda-runtime", "nvidia-nvvm")
+SCRIPT = REPO / "images" / "runtime" / "cuda-home.sh"
+BUILD = """
+import sglang.kernels.jit.utils.arch as arch
+from sglang.kernels.ops.kvcache import hicache
+try:
+    arch._init_jit_cuda_arch_once()  # no GPU here: the target is set below, as the H200 would give it
+except Exception:
+    pass
+arch._CUDA_ARCH = arch.make_jit_cuda_arch(9, 0)
+hicache._jit_hicache_module(element_size=256, unroll=4, block_quota=hicache.DEFAULT_BLOCK_QUOTA)
+hicache._jit_hicache_tma_module(block_quota=hicache.TMA_BLOCK_QUOTA)
+print("built")
+"""
+
+
+def _pins() -> dict[str, tuple[str, set[str]]]:
+    """Each toolchain wheel's version and hashes, as runtime_patches/requirements.lock pins them."""
+    lock = (PATCHES / "requirements.lock").read_text()
+    out = {}
+    for name in TOOLCHAIN:
+        m = re.search(rf"^{re.escape(name)}==(\S+) \\\n((?:\s+--hash=sha256:[0-9a-f]{{64}}(?: \\)?\n)+)", lock, re.M)
+        assert m, f"{name} is not pinned in the lock"
+        out[name] = (m.group(1), set(re.findall(r"sha256:([0-9a-f]{64})", m.group(2))))
+    return out
+
+
+@pytest.fixture(scope="session")
+def toolchain_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The lock's toolchain wheels, downloaded once into the wheel cache, hash-checked, installed as pip does."""
+    cache = Path(os.environ.get("QWEN_HICACHE_WHEEL_CACHE", _cache_root(None) / "wheels")) / "jit-toolchain"
+    cache.mkdir(parents=True, exist_ok=True)
+    wheels = []
+    for name, (version, hashes) in _pins().items():
+        found = [w for w in cache.glob(f"{name.replace('-', '_')}-{version}-*.whl")]
+        if not found:
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                            "--python-version", "3.12", "--platform", "manylinux_2_28_x86_64", "--platform",
+                            "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64", "-d", str(cache),
+                            f"{name}=={version}"], check=True, capture_output=True)  # fmt: skip
+            found = [w for w in cache.glob(f"{name.replace('-', '_')}-{version}-*.whl")]
+        with open(found[0], "rb") as f:
+            assert hashlib.file_digest(f, "sha256").hexdigest() in hashes, f"{found[0].name}: not the lock's hash"
+        wheels.append(str(found[0]))
+    site = tmp_path_factory.mktemp("toolchain") / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--target", str(site), *wheels], check=True, capture_output=True)  # fmt: skip
+    return site
+
+
+def _build(tree: Path, cuda_home: Path, home: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CUDA_HOME": str(cuda_home), "HOME": str(home), "PYTHONPATH": str(tree)}
+    return subprocess.run([sys.executable, "-c", BUILD], env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_the_images_cuda_home_builds_the_runtimes_hicache_kernels(
+        patched_tree: Path, toolchain_site: Path, tmp_path: Path) -> None:  # fmt: skip
+    cuda = tmp_path / "cuda"
+    subprocess.run(["sh", str(SCRIPT), str(toolchain_site), str(cuda)], check=True, capture_output=True)
+    r = _build(patched_tree, cuda, tmp_path / "home")
+    assert r.returncode == 0 and "built" in r.stdout, (r.stdout + r.stderr)[-3000:]
+    built = sorted(p.name for p in (tmp_path / "home" / ".cache" / "sglang" / "jit" / "sm90a").rglob("*.so"))
+    assert built == ["sgl_kernel_jit_hicache_256_4_2_1024.so", "sgl_kernel_jit_hicache_tma_32768_6_4_4.so"], built
+
+
+def test_the_wheels_alone_are_no_cuda_home(patched_tree: Path, toolchain_site: Path, tmp_path: Path) -> None:
+    """Control: CUDA_HOME at the wheels' own directory compiles but cannot link (what the H200 run met first)."""
+    r = _build(patched_tree, toolchain_site / "nvidia" / "cu13", tmp_path / "home")
+    assert r.returncode != 0 and "cannot find -lcudart" in r.stderr, (r.stdout + r.stderr)[-3000:]
