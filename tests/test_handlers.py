@@ -13,8 +13,8 @@ import pytest
 from fakekube import FakeKube
 from kubernetes.client.exceptions import ApiException
 from qwen_hicache import driver, handlers, reconciler
-from qwen_hicache.constants import MANAGED_BY_LABEL, MANAGER, NAME_LABEL, labels, router_labels
-from qwen_hicache.handlers import Operator, register, server_pods
+from qwen_hicache.constants import MANAGED_BY_LABEL, MANAGER, labels, router_labels
+from qwen_hicache.handlers import Operator, register
 from qwen_hicache.settings import Settings
 from resources import example
 from test_reconciler import NAME, Runtime
@@ -22,18 +22,27 @@ from test_reconciler import runtime as runtime  # noqa: F401 - the fixture
 from test_workload import Groups
 
 
-def test_the_index_keys_serving_pods_by_server_with_what_the_poll_compares() -> None:
-    entry = server_pods(name="chat-1", namespace="ns", labels=labels("chat"), uid="u1", meta={"resourceVersion": "7"})
-    assert entry == {("ns", "chat"): ("chat-1", "u1", "7")}
-    pods = [{"metadata": {"name": n, "uid": u, "resourceVersion": rv}} for n, u, rv in entry.values()]
+def test_the_rollout_poll_marks_the_servers_serving_pods_from_the_one_pod_index() -> None:
+    """One pod index (whole pods, serving and router): the poll's mark takes the serving pods' name, uid and
+    resourceVersion from it; router pods carry another name label and stay out."""
+    def pod(name: str, labelled: dict[str, str], rv: str) -> dict:
+        body = {"metadata": {"name": name, "uid": f"u-{name}", "resourceVersion": rv, "labels": labelled,
+                             "managedFields": [{"manager": "x"}]}}  # fmt: skip
+        return handlers.instance_pods(body, "ns", labelled)
+
+    entries = [pod("chat-1", labels("chat"), "7"), pod("chat-router-x", router_labels("chat"), "9")]
+    index = {("ns", "chat"): [e[("ns", "chat")] for e in entries]}
+    assert "managedFields" not in index[("ns", "chat")][0]["metadata"]
     server = {"metadata": {"resourceVersion": "3"}}
-    assert driver.world_mark(server, pods) == ("3", (("chat-1", "u1", "7"),))
+    marked = driver.world_mark(server, handlers.serving_pods(index, "ns", "chat"))
+    assert marked == ("3", (("chat-1", "u-chat-1", "7"),))
+    assert handlers.serving_pods(index, "ns", "other") == [] == handlers.serving_pods(None, "ns", "chat")
 
 
-def test_the_index_watches_only_serving_pods() -> None:
+def test_pods_are_indexed_once() -> None:
     registry = register(Settings(), kopf.OperatorRegistry())
-    (index,) = [h for h in registry._indexing.get_all_handlers() if h.id == "server_pods"]
-    assert index.labels[NAME_LABEL] == labels("chat")[NAME_LABEL] != router_labels("chat")[NAME_LABEL]
+    (index,) = registry._indexing.get_all_handlers()
+    assert index.id == "instance_pods" and index.labels[MANAGED_BY_LABEL] == MANAGER
 
 
 def _operator(monkeypatch: pytest.MonkeyPatch, kube: FakeKube) -> Operator:

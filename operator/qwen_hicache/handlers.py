@@ -31,21 +31,19 @@ WORKLOADS = {"child_changed": ("apps", "v1", "statefulsets"),
 event handler that watches them. Without the LeaderWorkerSet API (no LWS installed) Kopf serves only the
 StatefulSets: it logs once at start-up that the resource is unresolved and watches nothing for it (resources are
 scanned at start-up only: an LWS installed later is watched after the operator's next restart)."""
-PodMark = tuple[str, str, str]
-"""(name, uid, resourceVersion): what a rollout poll reads of a pod (`driver.world_mark`)."""
-
-
-def server_pods(name: str, namespace: str, labels: Any, uid: str, meta: Any,
-                **_: Any) -> dict[tuple[str, str], PodMark]:
-    """Kopf index of serving pods by (namespace, server): the rollout poll reads it instead of listing pods every
-    poll per rollout (the watch keeps it current; router pods carry another name label and stay out)."""
-    return {(namespace, labels[INSTANCE_LABEL]): (name, uid, meta.get("resourceVersion", ""))}
 
 
 def instance_pods(body: Any, namespace: str, labels: Any, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
     """Kopf index of every pod the operator made (serving and router) by (namespace, server), whole: a pass reads
-    its pods here instead of listing them (indexed.py)."""
+    its pods here instead of listing them (indexed.py), and the rollout poll its serving pods' marks. One index of
+    pods, so each pod event is indexed once."""
     return indexed.pod_entry(body, namespace, labels)
+
+
+def serving_pods(pods: indexed.PodsIndex | None, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The server's serving pods in the index (router pods carry another name label and stay out)."""
+    found = pods.get((namespace, name), []) if pods is not None else []
+    return [p for p in found if ((p.get("metadata") or {}).get("labels") or {}).get(NAME_LABEL) == SERVER_APP]
 
 
 def _ref(body: Any) -> dict[str, Any]:
@@ -191,7 +189,6 @@ class Operator:
                                   f"reconcile of {owner}")
 
     async def drive_rollout(self, stopped: kopf.DaemonStopped, name: str, namespace: str, logger: logging.Logger,
-                            server_pods: kopf.Index[tuple[str, str], PodMark],
                             instance_pods: indexed.PodsIndex | None = None, **_: Any) -> None:  # fmt: skip
         """Poll quickly while a rollout runs (pods restart on their own schedule); stops when it completes.
         Async: it waits on the event loop, and each step holds a thread of `steps` only while it runs."""
@@ -201,9 +198,7 @@ class Operator:
             return rollout_wanted(server.get("spec") or {}, server.get("status"))
 
         async def step(server: dict[str, Any]) -> None:
-            pods = [{"metadata": {"name": n, "uid": u, "resourceVersion": rv}}
-                    for n, u, rv in server_pods.get((namespace, name), [])]
-            mark, now = driver.world_mark(server, pods), time.monotonic()
+            mark, now = driver.world_mark(server, serving_pods(instance_pods, namespace, name)), time.monotonic()
             if gate.due(mark, now):
                 outcome = await self.steps.run(self.run, server, logger, instance_pods)
                 gate.stepped(mark, now, acted=outcome.rollout_actions > 0)
@@ -227,8 +222,6 @@ class Operator:
         for handler_id, workload in WORKLOADS.items():
             kopf.on.event(*workload, registry=registry, id=handler_id, labels={MANAGED_BY_LABEL: MANAGER})(
                 self.child_changed)
-        kopf.index("", "v1", "pods", registry=registry, id="server_pods",
-                   labels={NAME_LABEL: SERVER_APP, INSTANCE_LABEL: kopf.PRESENT})(server_pods)
         kopf.index("", "v1", "pods", registry=registry, id="instance_pods",
                    labels={MANAGED_BY_LABEL: MANAGER, INSTANCE_LABEL: kopf.PRESENT})(instance_pods)
         kopf.daemon(*RESOURCE, registry=registry, id="drive_rollout", when=rollout_wanted, cancellation_timeout=10,
