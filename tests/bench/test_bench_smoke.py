@@ -25,7 +25,7 @@ def test_rollouts_benchmark_smoke() -> None:
     argv = [sys.executable, str(REPO / "bench" / "rollouts.py"), "--smoke", "--timeout", "300"]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=540)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "new resource -> StatefulSet (s)" in res.stdout
+    assert "new resource -> STS, median (s)" in res.stdout
 
 
 def test_images_benchmark_smoke() -> None:
