@@ -103,6 +103,7 @@ def test_a_worker_recreated_without_its_group_gets_its_leader_evicted_and_the_gr
         return views[0] if new and 0 in views and views[0].available else None
 
     with Timeline(core, namespace) as timeline:
+        timeline.tick()  # the state before the deletion, whatever the thread's first 0.2 s catches
         devcluster.stop_lws()
         timeline.note("LWS-stopped")
         try:
@@ -129,9 +130,16 @@ def test_a_worker_recreated_without_its_group_gets_its_leader_evicted_and_the_gr
             and s.get(LEADER, {}).get("uid") == before[LEADER]]  # fmt: skip
     assert lone, why
     lone_uid = lone[0][WORKER]["uid"]
+    # Ordered by the samples, not the timestamps (whole seconds: both fell in the same second in CI): the original
+    # leader was sampled Ready, with no worker or the old one beside it, before the new worker first appeared
+    # (the first sample is taken before the deletion).
+    first_lone = states.index(lone[0])
+    assert any(s.get(LEADER, {}).get("uid") == before[LEADER] and s[LEADER]["ready"]
+               and s.get(WORKER, {}).get("uid") in (None, before[WORKER])
+               for s in states[:first_lone]), why  # fmt: skip
     since = next(s[LEADER]["ready_since"] for s in states if s.get(LEADER, {}).get("uid") == before[LEADER]
                  and s[LEADER]["ready"])  # fmt: skip
-    assert lone[0][WORKER]["created"] > since, (lone[0], since, why)  # both RFC 3339 in UTC: ordered as text
+    assert lone[0][WORKER]["created"] >= since, (lone[0], since, why)  # RFC 3339 in UTC, whole seconds: as text
     assert lone[0][WORKER]["restarts"] == 0 and lone[0][LEADER]["restarts"] == 0, (lone[0], why)
     # The operator evicted exactly that leader, through the eviction API (the API server's DisruptionTarget).
     assert any(s.get(LEADER, {}).get("uid") == before[LEADER] and s[LEADER]["disruption"] == "EvictionByEvictionAPI"
@@ -173,6 +181,7 @@ def test_a_worker_deleted_gracefully_while_lws_is_away_breaks_its_group_and_lws_
     _traffic(core, namespace)
     before = _uids(core, namespace)
     with Timeline(core, namespace) as timeline:
+        timeline.tick()  # the state before the deletion, whatever the thread's first 0.2 s catches
         devcluster.stop_lws()
         timeline.note("LWS-stopped")
         try:
