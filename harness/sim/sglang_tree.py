@@ -39,6 +39,11 @@ def _cache_root(cache_dir: Path | None) -> Path:
     return Path(cache_dir) if cache_dir else Path(os.environ.get("QWEN_HICACHE_CACHE", default))
 
 
+def wheel_cache(cache_dir: Path | None = None) -> Path:
+    """Where downloaded wheels are kept per machine ($QWEN_HICACHE_WHEEL_CACHE wins), shared by every fetch."""
+    return Path(os.environ.get("QWEN_HICACHE_WHEEL_CACHE", _cache_root(cache_dir) / "wheels"))
+
+
 def _manifest() -> dict:
     path = PATCHES / "manifest.json"
     return json.loads(path.read_text()) if path.exists() else {"parent": _FALLBACK_PARENT}
@@ -52,7 +57,7 @@ def _sha256(path: Path) -> str:
 def fetch_wheel(cache_dir: Path | None = None) -> Path:
     """The pinned wheel, downloaded by pip once (shared with tests/runtime's cache) and hash-checked."""
     parent = _manifest()["parent"]
-    wheels = Path(os.environ.get("QWEN_HICACHE_WHEEL_CACHE", _cache_root(cache_dir) / "wheels"))
+    wheels = wheel_cache(cache_dir)
     wheel = wheels / parent["wheel"]
     if not wheel.exists():
         wheels.mkdir(parents=True, exist_ok=True)

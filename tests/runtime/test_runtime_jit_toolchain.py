@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import PATCHES, REPO
 
-from harness.sim.sglang_tree import _cache_root
+from harness.sim.sglang_tree import wheel_cache
 
 TOOLCHAIN = ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-cuda-cccl", "nvidia-cuda-runtime", "nvidia-nvvm")
 SCRIPT = REPO / "images" / "runtime" / "cuda-home.sh"
@@ -52,7 +52,7 @@ def _pins() -> dict[str, tuple[str, set[str]]]:
 @pytest.fixture(scope="session")
 def toolchain_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The lock's toolchain wheels, downloaded once into the wheel cache, hash-checked, installed as pip does."""
-    cache = Path(os.environ.get("QWEN_HICACHE_WHEEL_CACHE", _cache_root(None) / "wheels")) / "jit-toolchain"
+    cache = wheel_cache() / "jit-toolchain"
     cache.mkdir(parents=True, exist_ok=True)
     wheels = []
     for name, (version, hashes) in _pins().items():
