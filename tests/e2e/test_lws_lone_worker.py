@@ -72,6 +72,10 @@ class Timeline(Sampler):
         if not self.states or self.states[-1][1] != now:
             self.states.append((round(time.monotonic() - self.t0, 1), now))
 
+    def __enter__(self) -> Timeline:
+        self.tick()  # the first sample, before the block's first step (the thread's first comes 0.2 s later)
+        return super().__enter__()
+
     def note(self, what: str) -> None:
         self.states.append((round(time.monotonic() - self.t0, 1), {what: {}}))
 
@@ -103,7 +107,6 @@ def test_a_worker_recreated_without_its_group_gets_its_leader_evicted_and_the_gr
         return views[0] if new and 0 in views and views[0].available else None
 
     with Timeline(core, namespace) as timeline:
-        timeline.tick()  # the state before the deletion, whatever the thread's first 0.2 s catches
         devcluster.stop_lws()
         timeline.note("LWS-stopped")
         try:
@@ -132,7 +135,7 @@ def test_a_worker_recreated_without_its_group_gets_its_leader_evicted_and_the_gr
     lone_uid = lone[0][WORKER]["uid"]
     # Ordered by the samples, not the timestamps (whole seconds: both fell in the same second in CI): the original
     # leader was sampled Ready, with no worker or the old one beside it, before the new worker first appeared
-    # (the first sample is taken before the deletion).
+    # (the first sample is taken on entering the timeline, before the deletion).
     first_lone = states.index(lone[0])
     assert any(s.get(LEADER, {}).get("uid") == before[LEADER] and s[LEADER]["ready"]
                and s.get(WORKER, {}).get("uid") in (None, before[WORKER])
@@ -181,7 +184,6 @@ def test_a_worker_deleted_gracefully_while_lws_is_away_breaks_its_group_and_lws_
     _traffic(core, namespace)
     before = _uids(core, namespace)
     with Timeline(core, namespace) as timeline:
-        timeline.tick()  # the state before the deletion, whatever the thread's first 0.2 s catches
         devcluster.stop_lws()
         timeline.note("LWS-stopped")
         try:
