@@ -272,11 +272,18 @@ def http_status(host: str, port: int, path: str) -> int | None:
         return None
 
 
+# Log-probs asked of every output token for these ids (every 16th past the special tokens; all < the models' 4096
+# vocab): the same tokens in every run, where the top-20 sets of two runs of a random-weight model differ.
+PROBE_IDS = list(range(7, 4096, 16))
+
+
 def generate(host: str, port: int, text: str, max_new: int, top: int = 20, timeout: float = 120) -> dict:
-    """One greedy streamed request: time to first token, output ids, the first token's top log-probs, cache report."""
+    """One greedy streamed request: time to first token, output ids, the first token's top log-probs and its
+    log-probs of PROBE_IDS, cache report."""
     sampling = {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}
     body = json.dumps({"text": text, "stream": True, "return_logprob": True, "top_logprobs_num": top,
-                       "logprob_start_len": -1, "sampling_params": sampling})  # fmt: skip
+                       "token_ids_logprob": PROBE_IDS, "logprob_start_len": -1,
+                       "sampling_params": sampling})  # fmt: skip
     c = http.client.HTTPConnection(host, port, timeout=timeout)
     t = time.time()
     c.request("POST", "/generate", body=body, headers={"Content-Type": "application/json"})
@@ -288,6 +295,7 @@ def generate(host: str, port: int, text: str, max_new: int, top: int = 20, timeo
         last, ttft = json.loads(resp.read()), time.time() - t
     toks: list = []
     tops: list = []
+    probes: list = []
     for raw in resp if last is None else []:
         line = raw.decode().strip()
         if not line.startswith("data:") or line == "data: [DONE]":
@@ -298,15 +306,19 @@ def generate(host: str, port: int, text: str, max_new: int, top: int = 20, timeo
         m = last.get("meta_info") or {}
         toks = _accumulate(toks, m.get("output_token_logprobs") or [])
         tops = _accumulate(tops, m.get("output_top_logprobs") or [])
+        probes = _accumulate(probes, m.get("output_token_ids_logprobs") or [])
     if not toks:  # not streamed
         m = last.get("meta_info") or {}
         toks, tops = m.get("output_token_logprobs") or [], m.get("output_top_logprobs") or []
+        probes = m.get("output_token_ids_logprobs") or []
     meta = last["meta_info"]
     ids = last.get("output_ids") or meta.get("output_ids")
     if not ids or len(ids) != len(toks):
         ids = [x[1] for x in toks] or ids or list(last.get("text", "").encode())
     first = {int(tid): float(lp) for lp, tid, *_ in ((tops[0] if tops else None) or [])}
+    probe = {int(tid): float(lp) for lp, tid, *_ in ((probes[0] if probes else None) or [])}
     return {"ttft_s": ttft, "total_s": time.time() - t, "ids": [int(i) for i in ids], "first_top": first,
+            "first_probe": probe,
             "prompt_tokens": meta.get("prompt_tokens"), "cached": meta.get("cached_tokens_details") or {},
             "cached_tokens": meta.get("cached_tokens")}  # fmt: skip
 

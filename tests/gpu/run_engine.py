@@ -131,6 +131,27 @@ def install(args, report: dict) -> None:
         f"{report['versions']}")  # fmt: skip
 
 
+def cuda_home(args, report: dict) -> None:
+    """CUDA_HOME for every server and benchmark of the run: by default the image's (cuda-home.sh over the lock's
+    toolchain wheels in the site, as Dockerfile.hicache's runtime stage makes /opt/cuda)."""
+    home = args.cuda_home
+    if home == "lock" and not ep.ENGINE_CMD:
+        home = str(args.site.parent / "cuda-lock")
+        r = subprocess.run(["sh", str(REPO / "images" / "runtime" / "cuda-home.sh"), str(args.site), home],
+                           capture_output=True, text=True)  # fmt: skip
+        if r.returncode:
+            report["cuda_home"] = {"error": (r.stdout + r.stderr)[-500:]}
+            return
+    if home and home != "lock":
+        os.environ["CUDA_HOME"] = home
+        try:
+            nvcc = subprocess.run([f"{home}/bin/nvcc", "--version"], capture_output=True, text=True)
+            version = (nvcc.stdout + nvcc.stderr).strip().splitlines()[-1:]
+        except OSError as err:
+            version = [str(err)]
+        report["cuda_home"] = {"path": home, "nvcc": version}
+
+
 # ---- files on the cache volume ---------------------------------------------------------------------------------
 POOLS = ("draft_indexer", "draft", "indexer", "mamba")  # file-name tags (hicache_storage.PoolName); else KV
 COPY_BUDGET = 300  # the copy benchmark; the runtime's JIT kernels it measures compile first (35 s on the H200)
@@ -221,18 +242,24 @@ def run_prompts(server: ep.Server, convs: list[list[str]], max_new: int, label: 
 
 
 def compare(ref: list[list[dict]], got: list[list[dict]]) -> dict:
-    same, total, worst = 0, 0, 0.0
+    """Greedy tokens, the first token's top-20 log-probs (inf where the sets differ) and its log-probs of the fixed
+    probe ids (ep.PROBE_IDS: always the same tokens, so a finite difference even where the top-20 sets differ)."""
+    same, total, worst, probe = 0, 0, 0.0, None
     for rr, gr in zip(ref, got, strict=False):
         for a, b in zip(rr, gr, strict=False):
             total += 1
             same += a["ids"] == b["ids"]
+            both = set(a.get("first_probe") or {}) & set(b.get("first_probe") or {})
+            if both:
+                diff = max(abs(a["first_probe"][k] - b["first_probe"][k]) for k in both)
+                probe = max(probe or 0.0, diff)
             common = set(a["first_top"]) & set(b["first_top"])
             if common:
                 worst = max(worst, max(abs(a["first_top"][k] - b["first_top"][k]) for k in common))
             if set(a["first_top"]) != set(b["first_top"]):
                 worst = max(worst, float("inf"))
     return {"prompts": total, "tokens_identical": same, "all_identical": same == total,
-            "logits_max_abs_diff": worst}  # fmt: skip
+            "logits_max_abs_diff": worst, "logprob_ids_max_abs_diff": probe}  # fmt: skip
 
 
 def storage_hits(res: list[list[dict]]) -> int:
@@ -309,7 +336,7 @@ def copy_bench(site: Path) -> dict:
         return {"ran": False, "why": (r.stdout + r.stderr)[-800:]}
 
 
-def restore_figures(m: str, warm: list[list[dict]], p: dict) -> dict:
+def restore_figures(warm: list[list[dict]], p: dict) -> dict:
     """Restore throughput: bytes of the storage-hit pages over the disk-warm requests' time to first token
     (an upper bound on the restore time, so a lower bound on its throughput)."""
     s = p["sizing"]
@@ -445,7 +472,7 @@ def step_restart(args, st, report: dict) -> None:
                         "peak_cold": st.s1.peak, "peak_warm": dict(s2.peak),
                         "held": max(st.s1.peak["rss_bytes"], s2.peak["rss_bytes"]) <= p["memory_limit"]
                         and max(st.s1.peak["shm_used_bytes"], s2.peak["shm_used_bytes"]) <= p["shm_limit"]}  # fmt: skip
-    report.update(restore_figures(m2, warm, p))
+    report.update(restore_figures(warm, p))
     report["stop_warm"] = s2.stop_as_pod()
 
 
@@ -490,29 +517,32 @@ def step_fingerprint_and_damage(args, st, report: dict) -> None:
 
 def step_wide(args, st, report: dict) -> None:
     """TTFT where prefill costs real compute: the architecture at Flash-Next's own widths (tiny_model.WIDE, 8
-    layers), its geometry derived by the operator, cold first turns, a stop as a pod stops, a fresh process, the
-    same first turns from disk (page cache dropped first), judged against the cold tokens."""
+    layers; `--wide-scale deep`: and its 48 layers), its geometry derived by the operator, cold first turns, a stop
+    as a pod stops, the volume's read speed, a fresh process, the same first turns from disk (page cache dropped
+    first), judged against the cold tokens."""
     sys.path[:0] = [str(REPO / "operator"), str(args.site)]  # the operator's geometry needs the site's pydantic
     import tiny_model
     from qwen_hicache.geometry import from_hf_config
 
-    model_dir = args.work / "model" / "wide-qwen4-exp"
+    scale = args.wide_scale
+    model_dir = args.work / "model" / f"{scale}-qwen4-exp"
     env = {**os.environ, "PYTHONPATH": str(args.site)}
     t = time.time()
     if not (model_dir / "model.safetensors").exists() and not ep.ENGINE_CMD:
         r = subprocess.run([sys.executable, str(HERE / "tiny_model.py"), "--sglang-site", str(args.site), "--scale",
-                            "wide", "--values-device", "cuda", str(model_dir)], capture_output=True, text=True,
+                            scale, "--values-device", "cuda", str(model_dir)], capture_output=True, text=True,
                            env=env)  # fmt: skip
         if r.returncode:
-            raise RuntimeError(f"wide model build failed: {(r.stdout + r.stderr)[-800:]}")
+            raise RuntimeError(f"{scale} model build failed: {(r.stdout + r.stderr)[-800:]}")
     elif ep.ENGINE_CMD:  # the CPU test's stand-in needs no weights
-        subprocess.run([sys.executable, str(HERE / "tiny_model.py"), "--no-weights", "--scale", "wide",
+        subprocess.run([sys.executable, str(HERE / "tiny_model.py"), "--no-weights", "--scale", scale,
                         str(model_dir)], check=True, capture_output=True)  # fmt: skip
     weights = (model_dir / "model.safetensors").stat().st_size if (model_dir / "model.safetensors").exists() else 0
-    wide = report["wide"] = {"dims": tiny_model.WIDE, "weight_bytes": weights, "build_s": round(time.time() - t, 1)}
-    geometry = from_hf_config(tiny_model.config("wide")).model_dump(by_alias=True, exclude_none=True)
+    wide = report["wide"] = {"scale": scale, "dims": tiny_model.SCALES[scale], "weight_bytes": weights,
+                             "build_s": round(time.time() - t, 1)}  # fmt: skip
+    geometry = from_hf_config(tiny_model.config(scale)).model_dump(by_alias=True, exclude_none=True)
     geometry["gpuWeightBytes"] = max(weights, 1)
-    spec = ep.spec_file(args.work, args.tp, model={"geometry": geometry, "revision": "wide-qwen4-exp-seed0"})
+    spec = ep.spec_file(args.work, args.tp, model={"geometry": geometry, "revision": f"{scale}-qwen4-exp-seed0"})
     p = ep.plan(args.site, spec, model_dir, args.work / "hicache-wide", 30003, args.host)
     wide["fingerprint"] = p["fingerprint"]
     first = [[c[0]] for c in st.convs]
@@ -526,7 +556,7 @@ def step_wide(args, st, report: dict) -> None:
     cold = run_prompts(s1, first, args.max_new, "wide-cold")
     wait_files_stable(Path(p["cache_dir"]))
     wide["stop"] = s1.stop_as_pod()
-    drop_page_cache(Path(p["cache_dir"]))
+    wide["disk_read"] = disk_read_gbps(Path(p["cache_dir"]))  # drops the page cache before and after
     s2 = ep.Server(p, args.site, st.logs, "wide-warm", args.tp)
     wide["start_warm_s"] = s2.start()
     wide["warmup_ttft_s"].append(run_prompts(s2, spare[1:], args.max_new, "wide-warmup-warm")[0][0]["ttft_s"])
@@ -536,6 +566,9 @@ def step_wide(args, st, report: dict) -> None:
                 per_request={"cold": strip(cold), "disk_warm": strip(warm)})  # fmt: skip
     if wide["ttft_cold_s"] and wide["ttft_disk_s"] is not None:
         wide["disk_vs_cold"] = round(wide["ttft_disk_s"] / wide["ttft_cold_s"], 3)
+    wide.update(restore_figures(warm, p), disk_read_gbps=wide["disk_read"]["gbps"])
+    if wide["restore_gbps"] and wide["disk_read_gbps"]:
+        wide["restore_vs_disk"] = round(wide["restore_gbps"] / wide["disk_read_gbps"], 3)
     s2.stop_as_pod()
 
 
@@ -583,8 +616,9 @@ RECORD_KEYS = ("date", "gpu", "model_type", "tp", "restarts", "ttft_cold_s", "tt
                "router", "wide", "stand_ins", "rollout_warm", "stop_exit_codes", "files_after_flush",
                "host_pool_per_rank", "fingerprint_change", "first_tokens_identical", "recompute_identical",
                "reuse_identical", "damage_storage_tokens")  # fmt: skip
-WIDE_KEYS = ("weight_bytes", "warmup_ttft_s", "ttft_cold_s", "ttft_disk_s", "disk_vs_cold", "storage_hit_tokens",
-             "tokens_identical", "prompts", "logits_max_abs_diff")  # fmt: skip
+WIDE_KEYS = ("scale", "weight_bytes", "warmup_ttft_s", "ttft_cold_s", "ttft_disk_s", "disk_vs_cold",
+             "storage_hit_tokens", "tokens_identical", "prompts", "logits_max_abs_diff", "logprob_ids_max_abs_diff",
+             "restore_gbps", "disk_read_gbps", "restore_vs_disk")  # fmt: skip
 ROUTER_KEYS = ("replicas", "policy", "conversations", "landed_before", "landed_after", "stayed", "warm",
                "storage_tokens_after", "deferred_deletes")  # fmt: skip
 
@@ -700,6 +734,10 @@ def main() -> int:
     ap.add_argument("--budget-damage", type=float, default=150)
     ap.add_argument("--budget-wide", type=float, default=150)
     ap.add_argument("--wide", action="store_true", help="also TTFT cold vs disk-warm at Flash-Next's widths")
+    ap.add_argument("--wide-scale", choices=("wide", "deep"), default="wide", help="deep: and Flash-Next's 48 layers")
+    ap.add_argument("--cuda-home", default="lock",
+                    help="the servers' CUDA_HOME: 'lock' (the image's: images/runtime/cuda-home.sh over the site), "
+                         "a directory, or '' (as the machine has it)")  # fmt: skip
     ap.add_argument("--router-budget-start", type=float, default=150)
     ap.add_argument("--router-budget-rollout", type=float, default=240)
     ap.add_argument("--router-conversations", type=int, default=8)
@@ -739,6 +777,7 @@ def main() -> int:
     try:
         if args.pieces:
             run.step("install", 150, lambda: install(args, report))
+        cuda_home(args, report)
         if "engine" in parts:
             engine_part(run, args, st)
         if "router" in parts:

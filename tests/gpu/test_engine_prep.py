@@ -59,6 +59,16 @@ def test_tiny_config_is_the_architecture_at_a_small_size() -> None:
     assert text["indexer_budget"] // text["indexer_compress_ratio"] in (512, 2048)  # the runtime's fast_topk_v2
 
 
+def test_deep_scale_is_flash_next_at_its_own_widths_and_depth() -> None:
+    """The TTFT model (`--wide-scale deep`): every width and the layer pattern as Flash-Next's own config has them."""
+    real = json.loads((REPO / "tests/data/hf/qwen4_exp/config.json").read_text())["text_config"]
+    deep = tiny_model.text_config("deep")
+    same = ("hidden_size", "num_hidden_layers", "layer_types", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+            "linear_value_head_dim", "indexer_n_heads", "indexer_head_dim", "ple_embed_dim", "hc_count")  # fmt: skip
+    assert {k: deep[k] for k in same} == {k: real[k] for k in same}
+
+
 def test_spec_geometry_is_what_the_operator_derives_from_the_tiny_config() -> None:
     from qwen_hicache.geometry import from_hf_config
 
@@ -140,7 +150,7 @@ def _run(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict
 @pytest.mark.timeout(480)
 def test_the_whole_sequence_runs_against_the_engine_stand_in(tmp_path: Path) -> None:
     """SIMULATED engine (harness/sim/engine.py, the real HiCacheFile underneath): the run's own logic only."""
-    r, report = _run(tmp_path, "--parts", "engine", "--wide")
+    r, report = _run(tmp_path, "--parts", "engine", "--wide", "--wide-scale", "deep")
     bad = {k: v for k, v in report["steps"].items() if v["status"] != "ok"}
     assert r.returncode == 0 and not bad, r.stdout[-3000:] + json.dumps(bad)[:3000]
     first = report["restarts"][0]
@@ -154,6 +164,8 @@ def test_the_whole_sequence_runs_against_the_engine_stand_in(tmp_path: Path) -> 
     wide = report["wide"]
     assert wide["storage_hit_tokens"] > 0 and wide["tokens_identical"] == wide["prompts"] == 4
     assert wide["fingerprint"] != report["launch"]["fingerprint"]  # its own geometry: its own namespace
+    assert wide["scale"] == "deep" and wide["dims"]["num_hidden_layers"] == 48
+    assert wide["disk_read"]["bytes"] > 0 and wide["restore"]["storage_tokens"] == wide["storage_hit_tokens"]
     rec = run_engine.bench_record(report)
     assert tuple(rec) == run_engine.RECORD_KEYS and rec["damage"] == report["damage"] and rec["router"] is None
     assert rec["wide"]["ttft_cold_s"] == wide["ttft_cold_s"]

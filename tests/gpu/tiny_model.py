@@ -43,11 +43,17 @@ LAYER_TYPES = ["linear_attention"] * 3 + ["full_attention"]
 WIDE = {"hidden_size": 2560, "num_attention_heads": 16, "linear_num_key_heads": 16, "linear_num_value_heads": 48,
         "moe_intermediate_size": 1024, "shared_expert_intermediate_size": 4096, "intermediate_size": 4096,
         "indexer_n_heads": 16, "ple_embed_dim": 2560}  # fmt: skip
+# `--scale deep`: the wide model at Flash-Next's own depth, 48 layers (36 GDN, 12 full attention with QSA): a cold
+# prefill costs what the real model's does per token in attention and GDN layers (the MoE is the wide one's), and a
+# restore moves what the real model's does per rank-0 token (KV and index of 12 layers, 36 GDN states).
+DEEP = {**WIDE, "num_hidden_layers": 48, "layer_types": LAYER_TYPES * 12}
+SCALES = {"tiny": {}, "wide": WIDE, "deep": DEEP}
 
 
 def text_config(scale: str = "tiny") -> dict:
-    """Flash-Next's text config (tests/data/hf/qwen4_exp/config.json) with every width scaled down."""
-    return {**_tiny_text(), **(WIDE if scale == "wide" else {})}
+    """Flash-Next's text config (tests/data/hf/qwen4_exp/config.json) with every width scaled down (`tiny`), at its
+    own widths (`wide`), or at its own widths and depth (`deep`)."""
+    return {**_tiny_text(), **SCALES[scale]}
 
 
 def _tiny_text() -> dict:
@@ -316,7 +322,8 @@ def main() -> int:
     ap.add_argument("--no-weights", action="store_true", help="config and tokenizer only (CPU, no runtime)")
     ap.add_argument("--check", default="", help="after writing, load with load_weights on this device (cpu, cuda)")
     ap.add_argument("--check-only", default="", help="only load the checkpoint in OUT with load_weights on this device")
-    ap.add_argument("--scale", choices=("tiny", "wide"), default="tiny", help="wide: Flash-Next's own widths (WIDE)")
+    ap.add_argument("--scale", choices=tuple(SCALES), default="tiny",
+                    help="wide: Flash-Next's own widths (WIDE); deep: and its 48 layers (DEEP)")
     ap.add_argument("--values-device", default="cpu", help="where the seeded random weights are drawn (cpu, cuda)")
     args = ap.parse_args()
     if args.check_only:
