@@ -525,12 +525,13 @@ def step_wide(args, st, report: dict) -> None:
     from qwen_hicache.geometry import from_hf_config
 
     scale = args.wide_scale
-    model_dir = args.work / "model" / f"{scale}-qwen4-exp"
+    flat = ["--flat-router"] if args.flat_router else []
+    model_dir = args.work / "model" / f"{scale}-qwen4-exp{'-flat-router' if flat else ''}"
     env = {**os.environ, "PYTHONPATH": str(args.site)}
     t = time.time()
     if not (model_dir / "model.safetensors").exists() and not ep.ENGINE_CMD:
         r = subprocess.run([sys.executable, str(HERE / "tiny_model.py"), "--sglang-site", str(args.site), "--scale",
-                            scale, "--values-device", "cuda", str(model_dir)], capture_output=True, text=True,
+                            scale, "--values-device", "cuda", *flat, str(model_dir)], capture_output=True, text=True,
                            env=env)  # fmt: skip
         if r.returncode:
             raise RuntimeError(f"{scale} model build failed: {(r.stdout + r.stderr)[-800:]}")
@@ -539,10 +540,11 @@ def step_wide(args, st, report: dict) -> None:
                         str(model_dir)], check=True, capture_output=True)  # fmt: skip
     weights = (model_dir / "model.safetensors").stat().st_size if (model_dir / "model.safetensors").exists() else 0
     wide = report["wide"] = {"scale": scale, "dims": tiny_model.SCALES[scale], "weight_bytes": weights,
-                             "build_s": round(time.time() - t, 1)}  # fmt: skip
+                             "flat_router": bool(flat), "build_s": round(time.time() - t, 1)}  # fmt: skip
     geometry = from_hf_config(tiny_model.config(scale)).model_dump(by_alias=True, exclude_none=True)
     geometry["gpuWeightBytes"] = max(weights, 1)
-    spec = ep.spec_file(args.work, args.tp, model={"geometry": geometry, "revision": f"{scale}-qwen4-exp-seed0"})
+    revision = model_dir.name + "-seed0"
+    spec = ep.spec_file(args.work, args.tp, model={"geometry": geometry, "revision": revision})
     p = ep.plan(args.site, spec, model_dir, args.work / "hicache-wide", 30003, args.host)
     wide["fingerprint"] = p["fingerprint"]
     first = [[c[0]] for c in st.convs]
@@ -616,7 +618,7 @@ RECORD_KEYS = ("date", "gpu", "model_type", "tp", "restarts", "ttft_cold_s", "tt
                "router", "wide", "stand_ins", "rollout_warm", "stop_exit_codes", "files_after_flush",
                "host_pool_per_rank", "fingerprint_change", "first_tokens_identical", "recompute_identical",
                "reuse_identical", "damage_storage_tokens")  # fmt: skip
-WIDE_KEYS = ("scale", "weight_bytes", "warmup_ttft_s", "ttft_cold_s", "ttft_disk_s", "disk_vs_cold",
+WIDE_KEYS = ("scale", "flat_router", "weight_bytes", "warmup_ttft_s", "ttft_cold_s", "ttft_disk_s", "disk_vs_cold",
              "storage_hit_tokens", "tokens_identical", "prompts", "logits_max_abs_diff", "logprob_ids_max_abs_diff",
              "restore_gbps", "disk_read_gbps", "restore_vs_disk")  # fmt: skip
 ROUTER_KEYS = ("replicas", "policy", "conversations", "landed_before", "landed_after", "stayed", "warm",
@@ -735,6 +737,7 @@ def main() -> int:
     ap.add_argument("--budget-wide", type=float, default=150)
     ap.add_argument("--wide", action="store_true", help="also TTFT cold vs disk-warm at Flash-Next's widths")
     ap.add_argument("--wide-scale", choices=("wide", "deep"), default="wide", help="deep: and Flash-Next's 48 layers")
+    ap.add_argument("--flat-router", action="store_true", help="the wide model's MoE routers zero (tiny_model._values)")
     ap.add_argument("--cuda-home", default="lock",
                     help="the servers' CUDA_HOME: 'lock' (the image's: images/runtime/cuda-home.sh over the site), "
                          "a directory, or '' (as the machine has it)")  # fmt: skip

@@ -69,6 +69,14 @@ def test_deep_scale_is_flash_next_at_its_own_widths_and_depth() -> None:
     assert {k: deep[k] for k in same} == {k: real[k] for k in same}
 
 
+def test_flat_router_zeroes_the_routers_only() -> None:
+    layer = "model.language_model.layers.0.mlp."
+    router = tiny_model._values(layer + "gate.weight", (8, 16), "bfloat16", flat_router=True)
+    shared = tiny_model._values(layer + "shared_expert_gate.weight", (1, 16), "bfloat16", flat_router=True)
+    assert not router.any() and shared.any()
+    assert tiny_model._values(layer + "gate.weight", (8, 16), "bfloat16").any()
+
+
 def test_spec_geometry_is_what_the_operator_derives_from_the_tiny_config() -> None:
     from qwen_hicache.geometry import from_hf_config
 
@@ -150,7 +158,7 @@ def _run(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict
 @pytest.mark.timeout(480)
 def test_the_whole_sequence_runs_against_the_engine_stand_in(tmp_path: Path) -> None:
     """SIMULATED engine (harness/sim/engine.py, the real HiCacheFile underneath): the run's own logic only."""
-    r, report = _run(tmp_path, "--parts", "engine", "--wide", "--wide-scale", "deep")
+    r, report = _run(tmp_path, "--parts", "engine", "--wide", "--wide-scale", "deep", "--flat-router")
     bad = {k: v for k, v in report["steps"].items() if v["status"] != "ok"}
     assert r.returncode == 0 and not bad, r.stdout[-3000:] + json.dumps(bad)[:3000]
     first = report["restarts"][0]
@@ -164,7 +172,7 @@ def test_the_whole_sequence_runs_against_the_engine_stand_in(tmp_path: Path) -> 
     wide = report["wide"]
     assert wide["storage_hit_tokens"] > 0 and wide["tokens_identical"] == wide["prompts"] == 4
     assert wide["fingerprint"] != report["launch"]["fingerprint"]  # its own geometry: its own namespace
-    assert wide["scale"] == "deep" and wide["dims"]["num_hidden_layers"] == 48
+    assert wide["scale"] == "deep" and wide["dims"]["num_hidden_layers"] == 48 and wide["flat_router"]
     assert wide["disk_read"]["bytes"] > 0 and wide["restore"]["storage_tokens"] == wide["storage_hit_tokens"]
     rec = run_engine.bench_record(report)
     assert tuple(rec) == run_engine.RECORD_KEYS and rec["damage"] == report["damage"] and rec["router"] is None

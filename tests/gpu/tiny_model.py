@@ -227,9 +227,16 @@ def checkpoint_layout(model, mtp) -> dict[str, tuple[tuple, str]]:
     return out
 
 
-def _values(name: str, shape: tuple, dtype: str, device: str = "cpu"):
-    """Seeded per tensor name (CPU: the same bytes everywhere; cuda: fast for the wide model, same on one GPU kind)."""
+def _values(name: str, shape: tuple, dtype: str, device: str = "cpu", flat_router: bool = False):
+    """Seeded per tensor name (CPU: the same bytes everywhere; cuda: fast for the wide model, same on one GPU kind).
+
+    flat_router: the MoE routers' weights are zero, so every token's top-k is the first k experts (ties go to the
+    lower index) and the expert compute is unchanged; a random router is a cliff: bf16 noise between a full prefill
+    and one that reuses a cached prefix flips a token's experts, and the random-weight model's output with it."""
     import torch
+
+    if flat_router and name.endswith(".mlp.gate.weight"):
+        return torch.zeros(shape, dtype=getattr(torch, dtype))
 
     seed = int(hashlib.sha256(f"{SEED}:{name}".encode()).hexdigest()[:15], 16)
     g = torch.Generator(device=device).manual_seed(seed)
@@ -276,12 +283,18 @@ def runtime_models(site: Path, model_dir: Path, ple_offload: bool, device: str =
         return Qwen4ExpForConditionalGeneration(mc.hf_config, None), Qwen4ExpForCausalLMMTP(mc.hf_config, None), mc
 
 
-def write_weights(site: Path, out: Path, device: str = "cpu") -> dict[str, tuple[tuple, str]]:
+def write_weights(site: Path, out: Path, device: str = "cpu", flat_router: bool = False) -> dict:
     from safetensors.torch import save_file
 
     model, mtp, _ = runtime_models(site, out, ple_offload=False)
     layout = checkpoint_layout(model, mtp)
-    tensors = {name: _values(name, shape, dtype, device) for name, (shape, dtype) in sorted(layout.items())}
+    routers = [n for n in layout if n.endswith(".mlp.gate.weight")]
+    if flat_router:
+        if not routers:
+            raise SystemExit("--flat-router: no '.mlp.gate.weight' tensor in the runtime's layout")
+        print(f"flat router: {len(routers)} router weights zero")
+    tensors = {name: _values(name, shape, dtype, device, flat_router)
+               for name, (shape, dtype) in sorted(layout.items())}  # fmt: skip
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     return layout
 
@@ -325,6 +338,7 @@ def main() -> int:
     ap.add_argument("--scale", choices=tuple(SCALES), default="tiny",
                     help="wide: Flash-Next's own widths (WIDE); deep: and its 48 layers (DEEP)")
     ap.add_argument("--values-device", default="cpu", help="where the seeded random weights are drawn (cpu, cuda)")
+    ap.add_argument("--flat-router", action="store_true", help="zero MoE router weights (see _values)")
     args = ap.parse_args()
     if args.check_only:
         res = check_load(args.sglang_site, args.out, args.check_only)
@@ -336,7 +350,7 @@ def main() -> int:
     if not args.no_weights:
         if not args.sglang_site:
             ap.error("--sglang-site is needed for the weights")
-        layout = write_weights(args.sglang_site, args.out, args.values_device)
+        layout = write_weights(args.sglang_site, args.out, args.values_device, args.flat_router)
         print(f"{len(layout)} checkpoint tensors, {sum(_numel(s) for s, _ in layout.values()):,} values")
     m = manifest(args.out)
     if args.check:
