@@ -158,6 +158,17 @@ def test_a_worker_recreated_without_its_group_is_found() -> None:
     assert lone[0].leader_uid == pods[2]["metadata"]["uid"]
 
 
+def test_a_worker_recreated_in_the_second_its_leader_turned_ready_is_found_unless_it_is_ready() -> None:
+    """Whole-second timestamps (CI, 2026-12-05: the lone worker fell in its leader's Ready second and was missed)."""
+    second = "2026-01-01T00:00:10Z"
+    lone = [pod(0, 0, "a/", ready_since=second), pod(0, 1, "a/", ready=False, created=second)]
+    assert [(w.group, w.worker) for w in group_rollout.lone_workers(lone)] == [(0, "srv-0-1")]
+    joined = [pod(0, 0, "a/", ready_since=second), pod(0, 1, "a/", created=second, ready_since=second)]
+    assert group_rollout.lone_workers(joined) == []
+    before = [pod(0, 0, "a/", ready_since=second), pod(0, 1, "a/", ready=False, created="2026-01-01T00:00:09Z")]
+    assert group_rollout.lone_workers(before) == []
+
+
 def test_status_names_every_group_its_ready_nodes_their_disks_and_the_last_warm_check() -> None:
     from qwen_hicache import group_status
     from qwen_hicache import status_model as sm

@@ -136,7 +136,12 @@ def _ready_since(pod: Obj) -> datetime | None:
 
 def lone_workers(pods: list[Obj]) -> list[LoneWorker]:
     """Groups with a worker created after its leader turned Ready: the leader turns Ready only once every rank
-    joined, so such a worker was recreated alone and waits for a rendezvous that is over."""
+    joined, so such a worker was recreated alone and waits for a rendezvous that is over.
+
+    Both times have whole-second precision. A worker created in the very second its leader turned Ready counts
+    when it is not Ready itself: a worker of the group as it formed was created, started and joined before the
+    leader's readiness probe passed, seconds to minutes earlier (about 10 s on the e2e cluster), while LWS
+    #998's worker comes back within a second of its deletion, which can fall in that second (CI, 2026-12-05)."""
     out = []
     for group, members in sorted(groups_of(pods).items()):
         leader = members.get(0)
@@ -145,7 +150,9 @@ def lone_workers(pods: list[Obj]) -> list[LoneWorker]:
         since = _ready_since(leader)
         for w, pod in sorted(members.items()):
             created = _time(pod["metadata"].get("creationTimestamp"))
-            if w and since and created and created > since and not pod["metadata"].get("deletionTimestamp"):
+            if not (w and since and created) or pod["metadata"].get("deletionTimestamp"):
+                continue
+            if created > since or (created == since and _ready_since(pod) is None):
                 out.append(LoneWorker(group, leader["metadata"]["name"], leader["metadata"]["uid"],
                                       pod["metadata"]["name"]))  # fmt: skip
                 break
