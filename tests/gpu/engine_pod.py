@@ -315,12 +315,15 @@ def generate(host: str, port: int, text: str, max_new: int, top: int = 20, timeo
     ids = last.get("output_ids") or meta.get("output_ids")
     if not ids or len(ids) != len(toks):
         ids = [x[1] for x in toks] or ids or list(last.get("text", "").encode())
-    first = {int(tid): float(lp) for lp, tid, *_ in ((tops[0] if tops else None) or [])}
-    probe = {int(tid): float(lp) for lp, tid, *_ in ((probes[0] if probes else None) or [])}
-    return {"ttft_s": ttft, "total_s": time.time() - t, "ids": [int(i) for i in ids], "first_top": first,
-            "first_probe": probe,
+    return {"ttft_s": ttft, "total_s": time.time() - t, "ids": [int(i) for i in ids],
+            "first_top": _first_logprobs(tops), "first_probe": _first_logprobs(probes),
             "prompt_tokens": meta.get("prompt_tokens"), "cached": meta.get("cached_tokens_details") or {},
             "cached_tokens": meta.get("cached_tokens")}  # fmt: skip
+
+
+def _first_logprobs(rows: list) -> dict[int, float]:
+    """{token id: log-prob} of the first output token, from per-token lists of (logprob, id, text) rows."""
+    return {int(tid): float(lp) for lp, tid, *_ in ((rows[0] if rows else None) or [])}
 
 
 def _accumulate(have: list, chunk: list) -> list:

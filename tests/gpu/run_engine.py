@@ -135,21 +135,22 @@ def cuda_home(args, report: dict) -> None:
     """CUDA_HOME for every server and benchmark of the run: by default the image's (cuda-home.sh over the lock's
     toolchain wheels in the site, as Dockerfile.hicache's runtime stage makes /opt/cuda)."""
     home = args.cuda_home
-    if home == "lock" and not ep.ENGINE_CMD:
+    if not home or ep.ENGINE_CMD:  # as the machine has it; the CPU test's stand-in compiles nothing
+        return
+    if home == "lock":
         home = str(args.site.parent / "cuda-lock")
         r = subprocess.run(["sh", str(REPO / "images" / "runtime" / "cuda-home.sh"), str(args.site), home],
                            capture_output=True, text=True)  # fmt: skip
         if r.returncode:
             report["cuda_home"] = {"error": (r.stdout + r.stderr)[-500:]}
             return
-    if home and home != "lock":
-        os.environ["CUDA_HOME"] = home
-        try:
-            nvcc = subprocess.run([f"{home}/bin/nvcc", "--version"], capture_output=True, text=True)
-            version = (nvcc.stdout + nvcc.stderr).strip().splitlines()[-1:]
-        except OSError as err:
-            version = [str(err)]
-        report["cuda_home"] = {"path": home, "nvcc": version}
+    os.environ["CUDA_HOME"] = home
+    try:
+        nvcc = subprocess.run([f"{home}/bin/nvcc", "--version"], capture_output=True, text=True)
+        version = (nvcc.stdout + nvcc.stderr).strip().splitlines()[-1:]
+    except OSError as err:
+        version = [str(err)]
+    report["cuda_home"] = {"path": home, "nvcc": version}
 
 
 # ---- files on the cache volume ---------------------------------------------------------------------------------
@@ -249,17 +250,20 @@ def compare(ref: list[list[dict]], got: list[list[dict]]) -> dict:
         for a, b in zip(rr, gr, strict=False):
             total += 1
             same += a["ids"] == b["ids"]
-            both = set(a.get("first_probe") or {}) & set(b.get("first_probe") or {})
-            if both:
-                diff = max(abs(a["first_probe"][k] - b["first_probe"][k]) for k in both)
+            diff = _max_abs_diff(a.get("first_probe") or {}, b.get("first_probe") or {})
+            if diff is not None:
                 probe = max(probe or 0.0, diff)
-            common = set(a["first_top"]) & set(b["first_top"])
-            if common:
-                worst = max(worst, max(abs(a["first_top"][k] - b["first_top"][k]) for k in common))
+            worst = max(worst, _max_abs_diff(a["first_top"], b["first_top"]) or 0.0)
             if set(a["first_top"]) != set(b["first_top"]):
                 worst = max(worst, float("inf"))
     return {"prompts": total, "tokens_identical": same, "all_identical": same == total,
             "logits_max_abs_diff": worst, "logprob_ids_max_abs_diff": probe}  # fmt: skip
+
+
+def _max_abs_diff(a: dict[int, float], b: dict[int, float]) -> float | None:
+    """Largest log-prob difference over the token ids both have; None when they share none."""
+    common = set(a) & set(b)
+    return max(abs(a[k] - b[k]) for k in common) if common else None
 
 
 def storage_hits(res: list[list[dict]]) -> int:
@@ -526,7 +530,7 @@ def step_wide(args, st, report: dict) -> None:
 
     scale = args.wide_scale
     flat = ["--flat-router"] if args.flat_router else []
-    model_dir = args.work / "model" / f"{scale}-qwen4-exp{'-flat-router' if flat else ''}"
+    model_dir = args.work / "model" / (f"{scale}-qwen4-exp" + ("-flat-router" if args.flat_router else ""))
     env = {**os.environ, "PYTHONPATH": str(args.site)}
     t = time.time()
     if not (model_dir / "model.safetensors").exists() and not ep.ENGINE_CMD:
@@ -540,7 +544,7 @@ def step_wide(args, st, report: dict) -> None:
                         str(model_dir)], check=True, capture_output=True)  # fmt: skip
     weights = (model_dir / "model.safetensors").stat().st_size if (model_dir / "model.safetensors").exists() else 0
     wide = report["wide"] = {"scale": scale, "dims": tiny_model.SCALES[scale], "weight_bytes": weights,
-                             "flat_router": bool(flat), "build_s": round(time.time() - t, 1)}  # fmt: skip
+                             "flat_router": args.flat_router, "build_s": round(time.time() - t, 1)}  # fmt: skip
     geometry = from_hf_config(tiny_model.config(scale)).model_dump(by_alias=True, exclude_none=True)
     geometry["gpuWeightBytes"] = max(weights, 1)
     revision = model_dir.name + "-seed0"

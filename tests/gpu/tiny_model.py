@@ -48,6 +48,7 @@ WIDE = {"hidden_size": 2560, "num_attention_heads": 16, "linear_num_key_heads": 
 # restore moves what the real model's does per rank-0 token (KV and index of 12 layers, 36 GDN states).
 DEEP = {**WIDE, "num_hidden_layers": 48, "layer_types": LAYER_TYPES * 12}
 SCALES = {"tiny": {}, "wide": WIDE, "deep": DEEP}
+ROUTER = ".mlp.gate.weight"  # an MoE router's checkpoint name ends so (Qwen2MoeSparseMoeBlock.gate)
 
 
 def text_config(scale: str = "tiny") -> dict:
@@ -235,7 +236,7 @@ def _values(name: str, shape: tuple, dtype: str, device: str = "cpu", flat_route
     and one that reuses a cached prefix flips a token's experts, and the random-weight model's output with it."""
     import torch
 
-    if flat_router and name.endswith(".mlp.gate.weight"):
+    if flat_router and name.endswith(ROUTER):
         return torch.zeros(shape, dtype=getattr(torch, dtype))
 
     seed = int(hashlib.sha256(f"{SEED}:{name}".encode()).hexdigest()[:15], 16)
@@ -288,11 +289,11 @@ def write_weights(site: Path, out: Path, device: str = "cpu", flat_router: bool 
 
     model, mtp, _ = runtime_models(site, out, ple_offload=False)
     layout = checkpoint_layout(model, mtp)
-    routers = [n for n in layout if n.endswith(".mlp.gate.weight")]
     if flat_router:
+        routers = sum(n.endswith(ROUTER) for n in layout)
         if not routers:
-            raise SystemExit("--flat-router: no '.mlp.gate.weight' tensor in the runtime's layout")
-        print(f"flat router: {len(routers)} router weights zero")
+            raise SystemExit(f"--flat-router: no '{ROUTER}' tensor in the runtime's layout")
+        print(f"flat router: {routers} router weights zero")
     tensors = {name: _values(name, shape, dtype, device, flat_router)
                for name, (shape, dtype) in sorted(layout.items())}  # fmt: skip
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
