@@ -340,6 +340,12 @@ def copy_bench(site: Path) -> dict:
         return {"ran": False, "why": (r.stdout + r.stderr)[-800:]}
 
 
+def metrics_excerpt(text: str, limit: int = 200) -> list[str]:
+    """The cache's own counters and timings from a /metrics page (storage, prefetch, host pool, TTFT)."""
+    pattern = r"sglang:\S*(cached_tokens|prefetch|hicache|load_back|storage|backup|prefill_effective|time_to_first)"
+    return [ln for ln in text.splitlines() if re.match(pattern, ln)][:limit]
+
+
 def restore_figures(warm: list[list[dict]], p: dict) -> dict:
     """Restore throughput: bytes of the storage-hit pages over the disk-warm requests' time to first token
     (an upper bound on the restore time, so a lower bound on its throughput)."""
@@ -465,9 +471,7 @@ def step_restart(args, st, report: dict) -> None:
                            "storage_counter": ep.metric_by_rank(m2, "sglang:cached_tokens_total")}]  # fmt: skip
     report["ttft_disk_s"] = median([row[0]["ttft_s"] for row in warm])
     report["per_request"]["disk_warm"] = strip(warm)
-    report["metrics_warm_excerpt"] = [ln for ln in m2.splitlines() if re.match(
-        r"sglang:(cached_tokens_total|prefetched_tokens_total|hicache_|load_back|storage_|backuped|prefill_effective)",
-        ln)][:80]  # fmt: skip
+    report["metrics_warm_excerpt"] = metrics_excerpt(m2)
     log_text = s2.tail(100000).splitlines()
     report["host_pool"]["allocation_log"] = [ln[-200:] for ln in log_text
                                              if "Allocating" in ln and "host memory" in ln][:8]  # fmt: skip
@@ -552,6 +556,9 @@ def step_wide(args, st, report: dict) -> None:
     p = ep.plan(args.site, spec, model_dir, args.work / "hicache-wide", 30003, args.host)
     wide["fingerprint"] = p["fingerprint"]
     first = [[c[0]] for c in st.convs]
+    # as many other documents of the same size: asked after the first turns, when each process has compiled and
+    # autotuned its kernels for these shapes, they give the steady cold prefill and the steady restore
+    fresh = [[c[0]] for c in ep.conversations(len(st.convs), 1, args.prompt_chars, first=len(st.convs) + 20)]
     # one unrelated prompt of the same size first in each process: its first prefill at these shapes JIT-compiles
     # and autotunes (29 s on 2026-12-05), which no later request pays; each process gets its own, so the warm one's
     # is not a disk hit
@@ -560,6 +567,10 @@ def step_wide(args, st, report: dict) -> None:
     wide["start_cold_s"] = s1.start()
     wide["warmup_ttft_s"] = [run_prompts(s1, spare[:1], args.max_new, "wide-warmup-cold")[0][0]["ttft_s"]]
     cold = run_prompts(s1, first, args.max_new, "wide-cold")
+    steady = run_prompts(s1, fresh, args.max_new, "wide-cold-steady")
+    # the first turns again in the process that computed them: device hits, the saved state extended by the same
+    # compute as the restart's disk hits; asked twice, for the engine's own repeatability on that path
+    reuse = [run_prompts(s1, first, args.max_new, f"wide-reuse-{k}") for k in (1, 2)]
     wait_files_stable(Path(p["cache_dir"]))
     wide["stop"] = s1.stop_as_pod()
     wide["disk_read"] = disk_read_gbps(Path(p["cache_dir"]))  # drops the page cache before and after
@@ -567,12 +578,23 @@ def step_wide(args, st, report: dict) -> None:
     wide["start_warm_s"] = s2.start()
     wide["warmup_ttft_s"].append(run_prompts(s2, spare[1:], args.max_new, "wide-warmup-warm")[0][0]["ttft_s"])
     warm = run_prompts(s2, first, args.max_new, "wide-disk-warm")
-    wide.update(compare(cold, warm), storage_hit_tokens=storage_hits(warm),
-                ttft_cold_s=median([r[0]["ttft_s"] for r in cold]), ttft_disk_s=median([r[0]["ttft_s"] for r in warm]),
-                per_request={"cold": strip(cold), "disk_warm": strip(warm)})  # fmt: skip
-    if wide["ttft_cold_s"] and wide["ttft_disk_s"] is not None:
-        wide["disk_vs_cold"] = round(wide["ttft_disk_s"] / wide["ttft_cold_s"], 3)
-    wide.update(restore_figures(warm, p), disk_read_gbps=wide["disk_read"]["gbps"])
+    warm_steady = run_prompts(s2, fresh, args.max_new, "wide-disk-steady")
+    wide["metrics"] = metrics_excerpt(ep.metrics(s2.host, s2.port))
+    ttft = {k: median([r[0]["ttft_s"] for r in v]) for k, v in (
+        ("ttft_cold_s", cold), ("ttft_disk_s", warm), ("ttft_cold_steady_s", steady),
+        ("ttft_disk_steady_s", warm_steady))}  # fmt: skip
+    wide.update(compare(cold, warm), storage_hit_tokens=storage_hits(warm), **ttft,
+                storage_hit_tokens_steady=storage_hits(warm_steady),
+                vs_reuse={**compare(reuse[0], warm), "same_cached_identical": reuse_identical(reuse[0], warm)},
+                reuse_repeat=compare(reuse[0], reuse[1]),
+                per_request={"cold": strip(cold), "disk_warm": strip(warm), "cold_steady": strip(steady),
+                             "disk_steady": strip(warm_steady), "reuse": strip(reuse[0])})  # fmt: skip
+    for ratio, (num, den) in (("disk_vs_cold", ("ttft_disk_s", "ttft_cold_s")),
+                              ("disk_vs_cold_steady", ("ttft_disk_steady_s", "ttft_cold_steady_s"))):
+        if wide[den] and wide[num] is not None:
+            wide[ratio] = round(wide[num] / wide[den], 3)
+    wide.update(restore_figures(warm, p), disk_read_gbps=wide["disk_read"]["gbps"],
+                restore_steady_gbps=restore_figures(warm_steady, p)["restore_gbps"])
     if wide["restore_gbps"] and wide["disk_read_gbps"]:
         wide["restore_vs_disk"] = round(wide["restore_gbps"] / wide["disk_read_gbps"], 3)
     s2.stop_as_pod()
@@ -623,8 +645,9 @@ RECORD_KEYS = ("date", "gpu", "model_type", "tp", "restarts", "ttft_cold_s", "tt
                "host_pool_per_rank", "fingerprint_change", "first_tokens_identical", "recompute_identical",
                "reuse_identical", "damage_storage_tokens")  # fmt: skip
 WIDE_KEYS = ("scale", "flat_router", "weight_bytes", "warmup_ttft_s", "ttft_cold_s", "ttft_disk_s", "disk_vs_cold",
-             "storage_hit_tokens", "tokens_identical", "prompts", "logits_max_abs_diff", "logprob_ids_max_abs_diff",
-             "restore_gbps", "disk_read_gbps", "restore_vs_disk")  # fmt: skip
+             "ttft_cold_steady_s", "ttft_disk_steady_s", "disk_vs_cold_steady", "vs_reuse", "reuse_repeat",
+             "restore_steady_gbps", "storage_hit_tokens_steady", "storage_hit_tokens", "tokens_identical", "prompts",
+             "logits_max_abs_diff", "logprob_ids_max_abs_diff", "restore_gbps", "disk_read_gbps", "restore_vs_disk")  # fmt: skip
 ROUTER_KEYS = ("replicas", "policy", "conversations", "landed_before", "landed_after", "stayed", "warm",
                "storage_tokens_after", "deferred_deletes")  # fmt: skip
 
@@ -697,8 +720,15 @@ def bench_record(report: dict) -> dict:
                      "storage_tokens_after": rt.get("storage_tokens_after"),
                      "deferred_deletes": rollout.get("deferred_deletes")} if rt else None  # fmt: skip
     wide = report.get("wide")
-    out["wide"] = {k: None if wide.get(k) == math.inf else wide.get(k) for k in WIDE_KEYS} if wide else None
+    out["wide"] = {k: finite(wide.get(k)) for k in WIDE_KEYS} if wide else None
     return out
+
+
+def finite(v):
+    """JSON without Infinity: compare() gives inf where the top-20 sets differ; the record keeps None."""
+    if isinstance(v, dict):
+        return {k: finite(x) for k, x in v.items()}
+    return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
 def record(raw: list[Path]) -> dict:

@@ -177,6 +177,11 @@ def test_the_whole_sequence_runs_against_the_engine_stand_in(tmp_path: Path) -> 
     rec = run_engine.bench_record(report)
     assert tuple(rec) == run_engine.RECORD_KEYS and rec["damage"] == report["damage"] and rec["router"] is None
     assert rec["wide"]["ttft_cold_s"] == wide["ttft_cold_s"]
+    # the steady pass (other documents, kernels compiled), the device-hit reference and the cache's own metrics
+    assert wide["storage_hit_tokens_steady"] > 0 and wide["disk_vs_cold_steady"] is not None
+    assert wide["vs_reuse"]["prompts"] == wide["reuse_repeat"]["prompts"] == 4
+    assert any(ln.startswith("sglang:cached_tokens_total") for ln in wide["metrics"])
+    assert json.loads(json.dumps(rec, allow_nan=False))["wide"]["vs_reuse"]["prompts"] == 4
 
 
 @pytest.mark.timeout(480)

@@ -280,8 +280,13 @@ def runtime_models(site: Path, model_dir: Path, ple_offload: bool, device: str =
     from sglang.srt.models.qwen4_exp import Qwen4ExpForConditionalGeneration
     from sglang.srt.models.qwen4_exp_mtp import Qwen4ExpForCausalLMMTP
 
-    with torch.device(device):
-        return Qwen4ExpForConditionalGeneration(mc.hf_config, None), Qwen4ExpForCausalLMMTP(mc.hf_config, None), mc
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(mc.dtype)  # as the runtime's loader builds them: bf16 but what it keeps in fp32
+    try:
+        with torch.device(device):
+            return Qwen4ExpForConditionalGeneration(mc.hf_config, None), Qwen4ExpForCausalLMMTP(mc.hf_config, None), mc
+    finally:
+        torch.set_default_dtype(default)
 
 
 def write_weights(site: Path, out: Path, device: str = "cpu", flat_router: bool = False) -> dict:
