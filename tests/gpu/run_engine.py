@@ -647,7 +647,8 @@ RECORD_KEYS = ("date", "gpu", "model_type", "tp", "restarts", "ttft_cold_s", "tt
 WIDE_KEYS = ("scale", "flat_router", "weight_bytes", "warmup_ttft_s", "ttft_cold_s", "ttft_disk_s", "disk_vs_cold",
              "ttft_cold_steady_s", "ttft_disk_steady_s", "disk_vs_cold_steady", "vs_reuse", "reuse_repeat",
              "restore_steady_gbps", "storage_hit_tokens_steady", "storage_hit_tokens", "tokens_identical", "prompts",
-             "logits_max_abs_diff", "logprob_ids_max_abs_diff", "restore_gbps", "disk_read_gbps", "restore_vs_disk")  # fmt: skip
+             "logits_max_abs_diff", "logprob_ids_max_abs_diff", "restore_gbps", "disk_read_gbps",
+             "restore_vs_disk")  # fmt: skip
 ROUTER_KEYS = ("replicas", "policy", "conversations", "landed_before", "landed_after", "stayed", "warm",
                "storage_tokens_after", "deferred_deletes")  # fmt: skip
 
