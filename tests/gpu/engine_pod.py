@@ -140,8 +140,8 @@ def with_host(p: dict, host: str) -> dict:
 
 # ---- a pod's life: init container, server, preStop + SIGTERM ---------------------------------------------------
 class Server:
-    def __init__(self, p: dict, site: Path, logdir: Path, tag: str, tp: int):
-        self.p, self.site, self.tag, self.tp = p, site, tag, tp
+    def __init__(self, p: dict, site: Path, logdir: Path, tag: str, tp: int, extra_path: tuple[str, ...] = ()):
+        self.p, self.site, self.tag, self.tp, self.extra_path = p, site, tag, tp, extra_path
         self.log_path = logdir / f"server-{tag}.log"
         self.host, self.port = p["host"], int(p["env"]["QWEN_HICACHE_PORT"])
         self.proc: subprocess.Popen | None = None
@@ -178,7 +178,7 @@ class Server:
         if http_status(self.host, self.port, "/health") is not None:
             raise RuntimeError(f"{self.host}:{self.port} already answers: another server holds the pod's address")
         self.run_guard()
-        path = os.pathsep.join([str(self.site), str(SHIM), *ENGINE_PATH])
+        path = os.pathsep.join([*self.extra_path, str(self.site), str(SHIM), *ENGINE_PATH])
         env = {**os.environ, **self.p["env"], "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(self.tp)))
         self.launched = time.time()
@@ -315,7 +315,9 @@ def generate(host: str, port: int, text: str, max_new: int, top: int = 20, timeo
     ids = last.get("output_ids") or meta.get("output_ids")
     if not ids or len(ids) != len(toks):
         ids = [x[1] for x in toks] or ids or list(last.get("text", "").encode())
-    return {"ttft_s": ttft, "total_s": time.time() - t, "ids": [int(i) for i in ids],
+    timing = {k: v for k, v in meta.items() if isinstance(v, int | float) and not k.endswith("tokens")
+              and any(w in k for w in ("wait", "queue", "latency", "_ts"))}  # fmt: skip
+    return {"ttft_s": ttft, "total_s": time.time() - t, "ids": [int(i) for i in ids], "timing": timing,
             "first_top": _first_logprobs(tops), "first_probe": _first_logprobs(probes),
             "prompt_tokens": meta.get("prompt_tokens"), "cached": meta.get("cached_tokens_details") or {},
             "cached_tokens": meta.get("cached_tokens")}  # fmt: skip

@@ -276,7 +276,7 @@ def median(xs: list[float]) -> float | None:
 
 
 def strip(res: list[list[dict]]) -> list[list[dict]]:
-    return [[{k: r[k] for k in ("ttft_s", "prompt_tokens", "cached", "ids")} for r in row] for row in res]
+    return [[{k: r.get(k) for k in ("ttft_s", "prompt_tokens", "cached", "ids", "timing")} for r in row] for row in res]
 
 
 def damage(d: Path, files_by_conv: list[set[str]], tp: int) -> dict:
@@ -562,7 +562,7 @@ def step_wide(args, st, report: dict) -> None:
     # one unrelated prompt of the same size first in each process: its first prefill at these shapes JIT-compiles
     # and autotunes (29 s on 2026-12-05), which no later request pays; each process gets its own, so the warm one's
     # is not a disk hit
-    spare = [[c[0]] for c in ep.conversations(2, 1, args.prompt_chars, first=len(st.convs) + 10)]
+    spare = [[c[0]] for c in ep.conversations(3, 1, args.prompt_chars, first=len(st.convs) + 10)]
     s1 = ep.Server(p, args.site, st.logs, "wide-cold", args.tp)
     wide["start_cold_s"] = s1.start()
     wide["warmup_ttft_s"] = [run_prompts(s1, spare[:1], args.max_new, "wide-warmup-cold")[0][0]["ttft_s"]]
@@ -598,6 +598,28 @@ def step_wide(args, st, report: dict) -> None:
     if wide["restore_gbps"] and wide["disk_read_gbps"]:
         wide["restore_vs_disk"] = round(wide["restore_gbps"] / wide["disk_read_gbps"], 3)
     s2.stop_as_pod()
+    if args.switch_interval:
+        wide["switch_interval"] = switch_interval_run(args, st, p, spare[2:], first + fresh, wide)
+
+
+def switch_interval_run(args, st, p: dict, spare: list, prompts: list, wide: dict) -> dict:
+    """The same disk-warm requests in a third process whose interpreters switch threads every `--switch-interval`
+    seconds (sitecustomize; Python's default is 0.005): whether the restore waits on the GIL, which the scheduler's
+    busy loop holds while the prefetch thread reads page after page in Python."""
+    shim = args.work / "switch-interval"
+    shim.mkdir(parents=True, exist_ok=True)
+    (shim / "sitecustomize.py").write_text(f"import sys\nsys.setswitchinterval({args.switch_interval})\n")
+    drop_page_cache(Path(p["cache_dir"]))
+    s3 = ep.Server(p, args.site, st.logs, "wide-warm-switch", args.tp, extra_path=(str(shim),))
+    out = {"seconds": args.switch_interval, "start_s": s3.start()}
+    run_prompts(s3, spare, args.max_new, "wide-warmup-switch")
+    res = run_prompts(s3, prompts, args.max_new, "wide-disk-switch")
+    s3.stop_as_pod()
+    base = (wide["per_request"]["disk_warm"] + wide["per_request"]["disk_steady"])
+    out.update(storage_hit_tokens=storage_hits(res), ttft_disk_s=median([r[0]["ttft_s"] for r in res]),
+               ttft_disk_default_s=median([r[0]["ttft_s"] for r in base]))  # fmt: skip
+    wide["per_request"]["disk_switch"] = strip(res)
+    return out
 
 
 def step_copy(args, st, report: dict) -> None:
@@ -646,9 +668,9 @@ RECORD_KEYS = ("date", "gpu", "model_type", "tp", "restarts", "ttft_cold_s", "tt
                "reuse_identical", "damage_storage_tokens")  # fmt: skip
 WIDE_KEYS = ("scale", "flat_router", "weight_bytes", "warmup_ttft_s", "ttft_cold_s", "ttft_disk_s", "disk_vs_cold",
              "ttft_cold_steady_s", "ttft_disk_steady_s", "disk_vs_cold_steady", "vs_reuse", "reuse_repeat",
-             "restore_steady_gbps", "storage_hit_tokens_steady", "storage_hit_tokens", "tokens_identical", "prompts",
-             "logits_max_abs_diff", "logprob_ids_max_abs_diff", "restore_gbps", "disk_read_gbps",
-             "restore_vs_disk")  # fmt: skip
+             "restore_steady_gbps", "switch_interval", "storage_hit_tokens_steady", "storage_hit_tokens",
+             "tokens_identical", "prompts", "logits_max_abs_diff", "logprob_ids_max_abs_diff", "restore_gbps",
+             "disk_read_gbps", "restore_vs_disk")  # fmt: skip
 ROUTER_KEYS = ("replicas", "policy", "conversations", "landed_before", "landed_after", "stayed", "warm",
                "storage_tokens_after", "deferred_deletes")  # fmt: skip
 
@@ -772,6 +794,8 @@ def main() -> int:
     ap.add_argument("--budget-wide", type=float, default=150)
     ap.add_argument("--wide", action="store_true", help="also TTFT cold vs disk-warm at Flash-Next's widths")
     ap.add_argument("--wide-scale", choices=("wide", "deep"), default="wide", help="deep: and Flash-Next's 48 layers")
+    ap.add_argument("--switch-interval", type=float, default=0.0,
+                    help="wide step: a third process restores again with this sys.setswitchinterval (0: not run)")
     ap.add_argument("--flat-router", action="store_true", help="the wide model's MoE routers zero (tiny_model._values)")
     ap.add_argument("--cuda-home", default="lock",
                     help="the servers' CUDA_HOME: 'lock' (the image's: images/runtime/cuda-home.sh over the site), "

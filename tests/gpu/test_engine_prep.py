@@ -158,7 +158,8 @@ def _run(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict
 @pytest.mark.timeout(480)
 def test_the_whole_sequence_runs_against_the_engine_stand_in(tmp_path: Path) -> None:
     """SIMULATED engine (harness/sim/engine.py, the real HiCacheFile underneath): the run's own logic only."""
-    r, report = _run(tmp_path, "--parts", "engine", "--wide", "--wide-scale", "deep", "--flat-router")
+    r, report = _run(tmp_path, "--parts", "engine", "--wide", "--wide-scale", "deep", "--flat-router",
+                     "--switch-interval", "0.0002")  # fmt: skip
     bad = {k: v for k, v in report["steps"].items() if v["status"] != "ok"}
     assert r.returncode == 0 and not bad, r.stdout[-3000:] + json.dumps(bad)[:3000]
     first = report["restarts"][0]
@@ -182,6 +183,9 @@ def test_the_whole_sequence_runs_against_the_engine_stand_in(tmp_path: Path) -> 
     assert wide["vs_reuse"]["prompts"] == wide["reuse_repeat"]["prompts"] == 4
     assert any(ln.startswith("sglang:cached_tokens_total") for ln in wide["metrics"])
     assert json.loads(json.dumps(rec, allow_nan=False))["wide"]["vs_reuse"]["prompts"] == 4
+    switch = wide["switch_interval"]
+    assert switch["seconds"] == 0.0002 and switch["storage_hit_tokens"] > 0 and switch["ttft_disk_s"] is not None
+    assert len(wide["per_request"]["disk_switch"]) == 8
 
 
 @pytest.mark.timeout(480)
