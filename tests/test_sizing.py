@@ -92,6 +92,17 @@ def test_nextn_packs_one_draft_layer_whatever_the_config_declares():
     assert with_mtp.shapes.kv_bytes_per_token == without.shapes.kv_bytes_per_token * 13 // 12
 
 
+def test_a_host_tier_no_larger_than_the_device_pool_says_restores_are_refused():
+    """The engine run (bench/gpu_engine.md, 2026-12-05 17:41): 42,560 host KV tokens beside a 65,536-token device
+    pool; the runtime refused 25,024 tokens of disk hits for host capacity once the host held pages still on the
+    GPU. The example (2,143,040 host, 4,342,208 device) is in the same state and says so; more host memory is not."""
+    note = [n for n in sized(example()).notes if n.startswith("host KV")]
+    assert note and 'reason="host_capacity"' in note[0] and "raise hostMemoryPerRankGB" in note[0]
+    raw = example()
+    raw["hicache"]["hostMemoryPerRankGB"] = 80
+    assert not [n for n in sized(raw).notes if n.startswith("host KV")]
+
+
 def test_running_requests_are_capped_by_the_mamba_slots_and_said_so():
     raw = example()
     raw["runtime"]["maxRunningRequests"] = 256

@@ -209,3 +209,19 @@ def test_two_pods_behind_the_real_router_roll_warm_and_keep_their_conversations(
     assert rt["storage_tokens_after"] > 0
     rec = run_engine.bench_record(report)["router"]
     assert rec["stayed"] and rec["replicas"] == 2 and rec["conversations"] == 8
+
+
+def test_reuse_figures_pick_the_passes_by_what_they_found_cached() -> None:
+    """As on the H100: the first repeat found nothing cached (a full recompute), the next ones device hits."""
+
+    def row(ids: list[int], device: int = 0) -> list[dict]:
+        return [{"ids": ids, "cached": {"device": device, "storage_backend": "HiCacheFile"} if device else {},
+                 "first_top": {1: -0.5}, "first_probe": {7: -1.0}}]  # fmt: skip
+
+    cold, warm = [row([1, 2])], [row([1, 3])]
+    reuse = [[row([1, 2])], [row([1, 3], device=64)], [row([1, 3], device=64)]]
+    got = run_engine.reuse_figures(cold, reuse, warm)
+    assert got["recompute_repeat"]["tokens_identical"] == 1 and got["reuse_repeat"]["all_identical"]
+    assert got["vs_reuse"]["all_identical"] and got["vs_reuse"]["same_cached_identical"] is None  # warm: no hit
+    assert run_engine.reuse_figures(cold, reuse[:1], warm) == {"vs_reuse": None, "reuse_repeat": None,
+                                                               "recompute_repeat": got["recompute_repeat"]}
