@@ -715,10 +715,10 @@ def _notes(dev: DevicePools, host: HostPools) -> list[str]:
     if host.kv_tokens <= dev.kv_tokens:
         notes.append(
             f"host KV ({host.kv_tokens:,} tokens) is not larger than device KV ({dev.kv_tokens:,}): with "
-            "write_through the host tier fills with duplicates of device pages, which the runtime does not evict "
-            "from the host while they are on the GPU, so once it is full a restart's disk hits are refused and "
-            "recomputed (sglang:storage_prefetch_unfulfilled_tokens_total{reason=\"host_capacity\"}; measured on "
-            "the engine, bench/gpu_engine.md); raise hostMemoryPerRankGB or lower deviceKVTokens"
+            "write_through the host tier fills with duplicates of device pages; a hybrid disk hit that finds no "
+            "evictable host room is refused whole and recomputed, which on the engine refused a restart's disk hits "
+            "(sglang:storage_prefetch_unfulfilled_tokens_total{reason=\"host_capacity\"}, bench/gpu_engine.md); "
+            "raise hostMemoryPerRankGB or lower deviceKVTokens"
         )
     return notes
 

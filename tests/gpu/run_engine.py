@@ -275,6 +275,15 @@ def median(xs: list[float]) -> float | None:
     return xs[len(xs) // 2] if xs else None
 
 
+def first_ttfts(res: list[list[dict]], disk_only: bool = False) -> list[float]:
+    """First turns' times to first token; disk_only: of those the disk served (a refused prefetch is a recompute)."""
+    return [row[0]["ttft_s"] for row in res if not disk_only or row[0]["cached"].get("storage")]
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    return round(num / den, 3) if num is not None and den else None
+
+
 def strip(res: list[list[dict]]) -> list[list[dict]]:
     return [[{k: r.get(k) for k in ("ttft_s", "prompt_tokens", "cached", "ids", "timing")} for r in row] for row in res]
 
@@ -582,23 +591,20 @@ def step_wide(args, st, report: dict) -> None:
     warm_steady = run_prompts(s2, fresh, args.max_new, "wide-disk-steady")
     wide["metrics"] = metrics_excerpt(ep.metrics(s2.host, s2.port))
     # disk TTFTs over the requests that did hit the disk (a refused prefetch is a recompute: counted apart)
-    ttft = {k: median([r[0]["ttft_s"] for r in v if not disk or r[0]["cached"].get("storage")]) for k, v, disk in (
-        ("ttft_cold_s", cold, False), ("ttft_disk_s", warm, True), ("ttft_cold_steady_s", steady, False),
-        ("ttft_disk_steady_s", warm_steady, True))}  # fmt: skip
-    wide["disk_misses"] = sum(not r[0]["cached"].get("storage") for r in warm + warm_steady)
+    ttft = {"ttft_cold_s": median(first_ttfts(cold)), "ttft_disk_s": median(first_ttfts(warm, disk_only=True)),
+            "ttft_cold_steady_s": median(first_ttfts(steady)),
+            "ttft_disk_steady_s": median(first_ttfts(warm_steady, disk_only=True))}  # fmt: skip
+    wide["disk_misses"] = len(warm + warm_steady) - len(first_ttfts(warm + warm_steady, disk_only=True))
     wide.update(compare(cold, warm), storage_hit_tokens=storage_hits(warm), **ttft,
                 storage_hit_tokens_steady=storage_hits(warm_steady),
                 **reuse_figures(cold, reuse, warm),
                 per_request={"cold": strip(cold), "disk_warm": strip(warm), "cold_steady": strip(steady),
                              "disk_steady": strip(warm_steady), "reuse": [strip(r) for r in reuse]})  # fmt: skip
-    for ratio, (num, den) in (("disk_vs_cold", ("ttft_disk_s", "ttft_cold_s")),
-                              ("disk_vs_cold_steady", ("ttft_disk_steady_s", "ttft_cold_steady_s"))):
-        if wide[den] and wide[num] is not None:
-            wide[ratio] = round(wide[num] / wide[den], 3)
     wide.update(restore_figures(warm, p), disk_read_gbps=wide["disk_read"]["gbps"],
                 restore_steady_gbps=restore_figures(warm_steady, p)["restore_gbps"])
-    if wide["restore_gbps"] and wide["disk_read_gbps"]:
-        wide["restore_vs_disk"] = round(wide["restore_gbps"] / wide["disk_read_gbps"], 3)
+    wide.update(disk_vs_cold=ratio(ttft["ttft_disk_s"], ttft["ttft_cold_s"]),
+                disk_vs_cold_steady=ratio(ttft["ttft_disk_steady_s"], ttft["ttft_cold_steady_s"]),
+                restore_vs_disk=ratio(wide["restore_gbps"], wide["disk_read_gbps"]))  # fmt: skip
     s2.stop_as_pod()
     if args.switch_interval:
         wide["switch_interval"] = switch_interval_run(args, st, p, spare[2:], first + fresh, wide)
@@ -631,10 +637,9 @@ def switch_interval_run(args, st, p: dict, spare: list, prompts: list, wide: dic
     run_prompts(s3, spare, args.max_new, "wide-warmup-switch")
     res = run_prompts(s3, prompts, args.max_new, "wide-disk-switch")
     s3.stop_as_pod()
-    base = (wide["per_request"]["disk_warm"] + wide["per_request"]["disk_steady"])
-    hits = [[r[0]["ttft_s"] for r in v if r[0]["cached"].get("storage")] for v in (res, base)]
-    out.update(storage_hit_tokens=storage_hits(res), ttft_disk_s=median(hits[0]),
-               ttft_disk_default_s=median(hits[1]))  # fmt: skip
+    base = wide["per_request"]["disk_warm"] + wide["per_request"]["disk_steady"]
+    out.update(storage_hit_tokens=storage_hits(res), ttft_disk_s=median(first_ttfts(res, disk_only=True)),
+               ttft_disk_default_s=median(first_ttfts(base, disk_only=True)))  # fmt: skip
     wide["per_request"]["disk_switch"] = strip(res)
     return out
 
