@@ -58,8 +58,11 @@ def operator_cli(args: list[str], site: Path) -> str:
                           text=True, env=env).stdout  # fmt: skip
 
 
-def spec_file(work: Path, tp: int, replicas: int = 1, model: dict | None = None, **runtime) -> Path:
-    """tests/gpu/data/tiny-qhc.yaml at this TP size and replica count, with these model and runtime fields changed."""
+def spec_file(
+    work: Path, tp: int, replicas: int = 1, model: dict | None = None, hicache: dict | None = None, **runtime
+) -> Path:
+    """tests/gpu/data/tiny-qhc.yaml at this TP size and replica count, with these model, hicache and runtime fields
+    changed."""
     import yaml
 
     doc = yaml.safe_load(SPEC.read_text())
@@ -67,8 +70,10 @@ def spec_file(work: Path, tp: int, replicas: int = 1, model: dict | None = None,
     doc["spec"]["model"].update(model or {})
     doc["spec"]["runtime"]["tensorParallelSize"] = tp
     doc["spec"]["runtime"].update(runtime)
+    doc["spec"]["hicache"].update(hicache or {})
     doc["spec"]["runtime"]["extraArgs"] = doc["spec"]["runtime"].get("extraArgs", []) + EXTRA_ARGS
-    tag = hashlib.sha256(json.dumps([replicas, model, runtime, EXTRA_ARGS], sort_keys=True).encode()).hexdigest()[:8]
+    key = json.dumps([replicas, model, hicache, runtime, EXTRA_ARGS], sort_keys=True)
+    tag = hashlib.sha256(key.encode()).hexdigest()[:8]
     path = work / f"spec-tp{tp}-{tag}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path

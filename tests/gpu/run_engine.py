@@ -561,9 +561,13 @@ def step_wide(args, st, report: dict) -> None:
     geometry = from_hf_config(tiny_model.config(scale)).model_dump(by_alias=True, exclude_none=True)
     geometry["gpuWeightBytes"] = max(weights, 1)
     revision = model_dir.name + "-seed0"
-    spec = ep.spec_file(args.work, args.tp, model={"geometry": geometry, "revision": revision})
+    hicache = {"hostMemoryPerRankGB": args.wide_host_gb} if args.wide_host_gb else None
+    spec = ep.spec_file(args.work, args.tp, model={"geometry": geometry, "revision": revision}, hicache=hicache)
     p = ep.plan(args.site, spec, model_dir, args.work / "hicache-wide", 30003, args.host)
     wide["fingerprint"] = p["fingerprint"]
+    wide["host_kv_tokens"], wide["device_kv_tokens"] = (p["sizing"]["hostKVTokensPerRank"],
+                                                        p["sizing"]["deviceKVTokensPerRank"])  # fmt: skip
+    shim, window = profiler(args)
     first = [[c[0]] for c in st.convs]
     # as many other documents of the same size: asked after the first turns, when each process has compiled and
     # autotuned its kernels for these shapes, they give the steady cold prefill and the steady restore
@@ -572,23 +576,28 @@ def step_wide(args, st, report: dict) -> None:
     # and autotunes (29 s on 2026-12-05), which no later request pays; each process gets its own, so the warm one's
     # is not a disk hit
     spare = [[c[0]] for c in ep.conversations(3, 1, args.prompt_chars, first=len(st.convs) + 10)]
-    s1 = ep.Server(p, args.site, st.logs, "wide-cold", args.tp)
+    s1 = ep.Server(p, args.site, st.logs, "wide-cold", args.tp, extra_path=shim)
     wide["start_cold_s"] = s1.start()
     wide["warmup_ttft_s"] = [run_prompts(s1, spare[:1], args.max_new, "wide-warmup-cold")[0][0]["ttft_s"]]
-    cold = run_prompts(s1, first, args.max_new, "wide-cold")
-    steady = run_prompts(s1, fresh, args.max_new, "wide-cold-steady")
+    with window("cold"):
+        cold = run_prompts(s1, first, args.max_new, "wide-cold")
+    with window("cold-steady"):
+        steady = run_prompts(s1, fresh, args.max_new, "wide-cold-steady")
     # the first turns again in the process that computed them, three times: on the H100 (2026-12-05 17:38) the
     # first repeat found nothing cached (a full recompute: the engine's own repeatability), the second found device
     # hits of the disk hits' length (the saved state extended by the same compute as the restart's disk hits)
-    reuse = [run_prompts(s1, first, args.max_new, f"wide-reuse-{k}") for k in (1, 2, 3)]
+    with window("reuse"):
+        reuse = [run_prompts(s1, first, args.max_new, f"wide-reuse-{k}") for k in (1, 2, 3)]
     wait_files_stable(Path(p["cache_dir"]))
     wide["stop"] = s1.stop_as_pod()
     wide["disk_read"] = disk_read_gbps(Path(p["cache_dir"]))  # drops the page cache before and after
-    s2 = ep.Server(p, args.site, st.logs, "wide-warm", args.tp)
+    s2 = ep.Server(p, args.site, st.logs, "wide-warm", args.tp, extra_path=shim)
     wide["start_warm_s"] = s2.start()
     wide["warmup_ttft_s"].append(run_prompts(s2, spare[1:], args.max_new, "wide-warmup-warm")[0][0]["ttft_s"])
-    warm = run_prompts(s2, first, args.max_new, "wide-disk-warm")
-    warm_steady = run_prompts(s2, fresh, args.max_new, "wide-disk-steady")
+    with window("disk-warm"):
+        warm = run_prompts(s2, first, args.max_new, "wide-disk-warm")
+    with window("disk-steady"):
+        warm_steady = run_prompts(s2, fresh, args.max_new, "wide-disk-steady")
     wide["metrics"] = metrics_excerpt(ep.metrics(s2.host, s2.port))
     # disk TTFTs over the requests that did hit the disk (a refused prefetch is a recompute: counted apart)
     ttft = {"ttft_cold_s": median(first_ttfts(cold)), "ttft_disk_s": median(first_ttfts(warm, disk_only=True)),
@@ -606,8 +615,38 @@ def step_wide(args, st, report: dict) -> None:
                 disk_vs_cold_steady=ratio(ttft["ttft_disk_steady_s"], ttft["ttft_cold_steady_s"]),
                 restore_vs_disk=ratio(wide["restore_gbps"], wide["disk_read_gbps"]))  # fmt: skip
     s2.stop_as_pod()
+    if args.profile:
+        import stack_sampler
+
+        wide["profile"] = stack_sampler.summary(str(args.out / "profile"))
     if args.switch_interval:
         wide["switch_interval"] = switch_interval_run(args, st, p, spare[2:], first + fresh, wide)
+
+
+def profiler(args) -> tuple[tuple[str, ...], object]:
+    """`--profile`: the servers' path gets a sitecustomize that starts tests/gpu/stack_sampler.py in every server
+    process, and `window(name)` samples while its block runs (stacks under OUT/profile). Otherwise nothing."""
+    flag = args.work / "profile-window"
+    flag.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def window(name: str):
+        if args.profile:
+            flag.write_text(name)
+        try:
+            yield
+        finally:
+            flag.unlink(missing_ok=True)
+
+    if not args.profile:
+        return (), window
+    shim, out = args.work / "profile-shim", args.out / "profile"
+    shim.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (shim / "sitecustomize.py").write_text(f"import sys\nsys.path.insert(0, {str(HERE)!r})\n"
+                                           "import stack_sampler\nstack_sampler.start()\n")  # fmt: skip
+    os.environ.update(QHC_PROFILE_FLAG=str(flag), QHC_PROFILE_DIR=str(out))
+    return (str(shim),), window
 
 
 def reuse_figures(cold: list, reuse: list[list], warm: list) -> dict:
@@ -688,7 +727,8 @@ RECORD_KEYS = ("date", "gpu", "model_type", "tp", "restarts", "ttft_cold_s", "tt
                "router", "wide", "stand_ins", "rollout_warm", "stop_exit_codes", "files_after_flush",
                "host_pool_per_rank", "fingerprint_change", "first_tokens_identical", "recompute_identical",
                "reuse_identical", "damage_storage_tokens")  # fmt: skip
-WIDE_KEYS = ("scale", "flat_router", "weight_bytes", "warmup_ttft_s", "ttft_cold_s", "ttft_disk_s", "disk_vs_cold",
+WIDE_KEYS = ("scale", "flat_router", "weight_bytes", "host_kv_tokens", "device_kv_tokens", "warmup_ttft_s",
+             "ttft_cold_s", "ttft_disk_s", "disk_vs_cold",
              "ttft_cold_steady_s", "ttft_disk_steady_s", "disk_vs_cold_steady", "vs_reuse", "reuse_repeat",
              "recompute_repeat", "disk_misses",
              "restore_steady_gbps", "switch_interval", "storage_hit_tokens_steady", "storage_hit_tokens",
@@ -819,6 +859,10 @@ def main() -> int:
     ap.add_argument("--wide-scale", choices=("wide", "deep"), default="wide", help="deep: and Flash-Next's 48 layers")
     ap.add_argument("--switch-interval", type=float, default=0.0,
                     help="wide step: a third process restores again with this sys.setswitchinterval (0: not run)")
+    ap.add_argument("--wide-host-gb", type=float, default=0.0,
+                    help="wide step: hicache.hostMemoryPerRankGB (0: the spec's); above the device pool's tokens")
+    ap.add_argument("--profile", action="store_true",
+                    help="wide step: sample the servers' Python stacks per phase (tests/gpu/stack_sampler.py)")
     ap.add_argument("--flat-router", action="store_true", help="the wide model's MoE routers zero (tiny_model._values)")
     ap.add_argument("--cuda-home", default="lock",
                     help="the servers' CUDA_HOME: 'lock' (the image's: images/runtime/cuda-home.sh over the site), "

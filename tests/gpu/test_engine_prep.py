@@ -159,7 +159,7 @@ def _run(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict
 def test_the_whole_sequence_runs_against_the_engine_stand_in(tmp_path: Path) -> None:
     """SIMULATED engine (harness/sim/engine.py, the real HiCacheFile underneath): the run's own logic only."""
     r, report = _run(tmp_path, "--parts", "engine", "--wide", "--wide-scale", "deep", "--flat-router",
-                     "--switch-interval", "0.0002")  # fmt: skip
+                     "--switch-interval", "0.0002", "--wide-host-gb", "8", "--profile")  # fmt: skip
     bad = {k: v for k, v in report["steps"].items() if v["status"] != "ok"}
     assert r.returncode == 0 and not bad, r.stdout[-3000:] + json.dumps(bad)[:3000]
     first = report["restarts"][0]
@@ -186,6 +186,10 @@ def test_the_whole_sequence_runs_against_the_engine_stand_in(tmp_path: Path) -> 
     switch = wide["switch_interval"]
     assert switch["seconds"] == 0.0002 and switch["storage_hit_tokens"] > 0 and switch["ttft_disk_s"] is not None
     assert len(wide["per_request"]["disk_switch"]) == 8
+    # the host tier above the device pool, and each phase's stacks sampled in the server processes
+    assert wide["host_kv_tokens"] > wide["device_kv_tokens"] == 65536
+    assert {"cold", "reuse", "disk-warm"} <= set(wide["profile"])
+    assert any(t["samples"] > 0 for t in wide["profile"]["disk-warm"].values())
 
 
 @pytest.mark.timeout(480)
