@@ -26,7 +26,8 @@ constructor over ``--startup-files`` page files plus 1% stale temporaries, size 
     python bench/file_tier.py --smoke     # tiny pages, one run, processes in parallel: checks the bench runs
 
 Per pattern: the parent's and the patched tree's rates, min/median/max over the runs, and the paired ratio
-(patched / parent of the same run; the trees alternate which goes first). Targets: write >= 0.90x and read
+(patched / parent of the same run; each pattern runs in processes of its own, the trees one right after the other,
+alternating which goes first across patterns and runs). Targets: write >= 0.90x and read
 >= 0.95x in every run. Exits 1 when one is missed (never in ``--smoke``).
 """
 
@@ -40,7 +41,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,75 +100,68 @@ def collect(proc: subprocess.Popen, what: str) -> list[dict]:
     return rows
 
 
-def one_run(
-    tree: Path,
-    work: Path,
-    patterns: dict,
-    ranks: tuple,
-    geometry: dict,
-    rank_geometry: dict,
-    startup_files: int,
-    parallel: bool,
-) -> dict[str, dict]:
-    """Every pattern once on one tree: {pattern: {"write_Bps", "read_Bps"}} (+ "startup").
+def specs(name: str, pattern: dict, ranks: int, geometry: dict, startup_files: int) -> list[dict]:
+    """The worker specs of one pattern: one process, or one per rank of a concurrent pattern."""
+    base = {"parent_sync": True, "geometry": geometry, "startup_files": 0}
+    if ranks == 1:
+        return [{**base, "startup_files": startup_files, "patterns": [{"name": name, **pattern}]}]
+    return [{**base, "patterns": [{"name": name, "rank": r, "ranks": ranks, **pattern}]} for r in range(ranks)]
 
-    `parallel` (smoke: nothing is measured): every process at once, and the single-pattern process is rank 0
-    of the concurrent pattern too (one interpreter fewer: each one's sglang import is most of the smoke's CPU)."""
-    base = {"parent_sync": True, "startup_files": startup_files}
-    single = {**base, "geometry": geometry, "patterns": [{"name": n, **p} for n, p in patterns.items()]}
-    label, n, pattern = ranks
-    rank_specs = [{**base, "startup_files": 0, "geometry": rank_geometry,
-                   "patterns": [{"name": label, "rank": r, "ranks": n, **pattern}]} for r in range(n)]  # fmt: skip
-    if parallel:
-        single["patterns"] += rank_specs.pop(0)["patterns"]
-        procs = [launch(tree, work, single)] + [launch(tree, work, s) for s in rank_specs]
-        rows = [r for p in procs for r in collect(p, tree.name)]
-    else:
-        rows = collect(launch(tree, work, single), tree.name)
-        rank_procs = [launch(tree, work, s) for s in rank_specs]
-        rows += [r for p in rank_procs for r in collect(p, f"{tree.name} {label}")]
-    rank_rows = [r for r in rows if r["name"] == label]
-    results = {}
-    for r in rows:
-        if r["name"] == "startup":
-            results["startup"] = r
-        elif r["name"] != label:
-            results[r["name"]] = {"write_Bps": r["kv_bytes"] / (r["write"][1] - r["write"][0]),
-                                  "read_Bps": r["kv_bytes"] / r["read_s"]}  # fmt: skip
-    total = sum(r["kv_bytes"] for r in rank_rows)
-    span = max(r["write"][1] for r in rank_rows) - min(r["write"][0] for r in rank_rows)
-    results[label] = {"write_Bps": total / span, "read_Bps": total / max(r["read_s"] for r in rank_rows)}
-    return results
+
+def rates(rows: list[dict]) -> dict[str, dict]:
+    """{pattern: {"write_Bps", "read_Bps"}} (+ "startup"): the KV payload of all ranks over the span from the first
+    rank's first queued operation to the last rank's last ack, and over the slowest rank's reads."""
+    out: dict[str, dict] = {}
+    for name in dict.fromkeys(r["name"] for r in rows):
+        mine = [r for r in rows if r["name"] == name]
+        if name == "startup":
+            out[name] = mine[0]
+            continue
+        total = sum(r["kv_bytes"] for r in mine)
+        span = max(r["write"][1] for r in mine) - min(r["write"][0] for r in mine)
+        out[name] = {"write_Bps": total / span, "read_Bps": total / max(r["read_s"] for r in mine)}
+    return out
+
+
+def jobs(smoke: bool) -> list[tuple[str, dict, int, dict]]:
+    """(pattern, its spec, ranks, geometry) in the order a run measures them."""
+    patterns, (label, n, pattern) = (SMOKE_PATTERNS, SMOKE_RANKS) if smoke else (PATTERNS, RANKS)
+    geometry, rank_geometry = (SMOKE_GEOMETRY, SMOKE_GEOMETRY) if smoke else (GEOMETRY, RANK_GEOMETRY)
+    return [(name, p, 1, geometry) for name, p in patterns.items()] + [(label, pattern, n, rank_geometry)]
+
+
+def smoke_run(sources: dict[str, Path], work: Path, startup_files: int) -> dict[str, list[dict]]:
+    """Nothing is measured: every process of both trees at once, and one process per tree runs every single-process
+    pattern and rank 0 of the concurrent one (each interpreter's sglang import is most of the smoke's CPU)."""
+    *single, (label, pattern, n, geometry) = jobs(smoke=True)
+    procs = {}
+    for tree_name, tree in sources.items():
+        first = {"parent_sync": True, "geometry": geometry, "startup_files": startup_files,
+                 "patterns": [{"name": name, **p} for name, p, _, _ in single]}  # fmt: skip
+        ranks = specs(label, pattern, n, geometry, 0)
+        first["patterns"] += ranks.pop(0)["patterns"]
+        procs[tree_name] = [launch(tree, work / tree_name, spec) for spec in [first, *ranks]]
+    return {name: [rates([r for p in ps for r in collect(p, name)])] for name, ps in procs.items()}
 
 
 def run(directory: str | None, repeat: int, startup_files: int, smoke: bool) -> dict[str, list[dict]]:
+    """Every pattern in every run on both trees, each pattern in processes of its own, the trees one after the other
+    in alternating order (ABBA across patterns and runs), so a drift of the disk's speed hits both trees of a pair
+    alike."""
     sources = trees()
-    patterns, ranks = (SMOKE_PATTERNS, SMOKE_RANKS) if smoke else (PATTERNS, RANKS)
-    geometry, rank_geometry = (SMOKE_GEOMETRY, SMOKE_GEOMETRY) if smoke else (GEOMETRY, RANK_GEOMETRY)
-    runs: dict[str, list[dict]] = {name: [] for name in sources}
+    runs: dict[str, list[dict]] = {name: [{} for _ in range(repeat)] for name in sources}
     with tempfile.TemporaryDirectory(dir=directory, prefix="qhc-file-tier-") as tmp:
-
-        def once(i: int, name: str, tree: Path) -> dict:
-            return one_run(
-                tree,
-                Path(tmp) / f"{name}-{i}",
-                patterns,
-                ranks,
-                geometry,
-                rank_geometry,
-                startup_files if i == 0 else 0,
-                parallel=smoke,
-            )
-
-        if smoke:  # nothing is measured: every process at once
-            with ThreadPoolExecutor(len(sources)) as pool:
-                done = {name: pool.submit(once, 0, name, tree) for name, tree in sources.items()}
-            return {name: [f.result()] for name, f in done.items()}
-        for i in range(repeat):  # alternate which tree goes first: drift in the load hits both alike
-            order = list(sources.items()) if i % 2 == 0 else list(reversed(sources.items()))
-            for name, tree in order:
-                runs[name].append(once(i, name, tree))
-                shutil.rmtree(Path(tmp) / f"{name}-{i}", ignore_errors=True)
+        if smoke:
+            return smoke_run(sources, Path(tmp), startup_files)
+        for i in range(repeat):
+            for k, (name, pattern, n, geometry) in enumerate(jobs(smoke=False)):
+                order = list(sources.items())
+                for tree_name, tree in order if (i + k) % 2 == 0 else reversed(order):
+                    work = Path(tmp) / f"{tree_name}-{i}-{k}"
+                    first = startup_files if i == k == 0 else 0
+                    procs = [launch(tree, work, spec) for spec in specs(name, pattern, n, geometry, first)]
+                    runs[tree_name][i].update(rates([r for p in procs for r in collect(p, f"{tree_name} {name}")]))
+                    shutil.rmtree(work, ignore_errors=True)
     return runs
 
 

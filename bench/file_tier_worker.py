@@ -40,9 +40,15 @@ import cpu_stub  # noqa: E402
 
 cpu_stub.install()
 sys.path.insert(0, str(TREE))
+import torch  # noqa: E402
+
+# The runtime's scheduler runs torch on one intra-op thread (0.5.23 model_runner.py:1279, load_model:
+# torch.set_num_threads(1) on GPU devices), so the host pools' copies and the backup thread's page gathers run so
+# here too. With torch's default (one OpenMP thread per core), four rank processes on a 2-core machine spin-wait on
+# each other: their reads ran at 45-341 MB/s instead of 1,000-1,600 (2026-12-05), a figure of the bench host.
+torch.set_num_threads(1)
 logging.disable(logging.CRITICAL)
 
-import torch  # noqa: E402
 from sglang.srt.managers.cache_controller import HiCacheController  # noqa: E402
 from sglang.srt.mem_cache import hicache_storage as hs  # noqa: E402
 from sglang.srt.mem_cache.device_pool_info import (  # noqa: E402

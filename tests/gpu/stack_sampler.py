@@ -4,13 +4,14 @@ run_engine.py `--profile` puts a `sitecustomize.py` that calls `start()` on the 
 server, the scheduler and the detokenizer each sample themselves. While the file `QHC_PROFILE_FLAG` exists and
 names a window (e.g. `disk-warm`), every thread's Python stack is counted every `QHC_SAMPLE_S` seconds (default
 5 ms); the counts go to `QHC_PROFILE_DIR/stacks-<pid>.txt` as collapsed stacks (`window;thread;frame;... count`,
-the flame-graph format) every 2 s, so a process stopped by SIGKILL keeps what it sampled. Pure Python and in-process
-because the GPU machine's ptrace rules are not known: a sample is taken when the sampler gets the GIL, so a
-thread stuck in a C call that holds the GIL is seen only when it lets go.
+the flame-graph format) every 2 s and at exit, so a process stopped by SIGKILL keeps what it sampled. Pure Python
+and in-process because the GPU machine's ptrace rules are not known: a sample is taken when the sampler gets the
+GIL, so a thread stuck in a C call that holds the GIL is seen only when it lets go.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import os
 import sys
@@ -34,8 +35,11 @@ def _dump(counts: collections.Counter, path: str) -> None:
     os.replace(tmp, path)
 
 
+COUNTS: collections.Counter = collections.Counter()
+
+
 def _loop(flag: str, path: str, interval: float) -> None:
-    counts: collections.Counter = collections.Counter()
+    counts = COUNTS
     me, dumped, last = threading.get_ident(), 0, time.monotonic()
     while True:
         time.sleep(interval)
@@ -61,6 +65,7 @@ def start() -> None:
     path = os.path.join(out, f"stacks-{os.getpid()}.txt")
     interval = float(os.environ.get("QHC_SAMPLE_S", "0.005"))
     threading.Thread(target=_loop, args=(flag, path, interval), name="qhc-stack-sampler", daemon=True).start()
+    atexit.register(lambda: COUNTS and _dump(COUNTS.copy(), path))
 
 
 def summary(directory: str, top: int = 25) -> dict:

@@ -1,4 +1,5 @@
-"""Patch 0006 on one sglang tree's own code, on CPU: page identity, I/O errors, exported discards, group commit.
+"""Patches 0006 and 0007 on one sglang tree's own code, on CPU: page identity, I/O errors, exported discards, group
+commit, early writeback.
 
     python file_tier_identity_probe.py TREE WORKDIR [SCENARIO,...]
 
@@ -15,7 +16,9 @@ Scenarios (each prints what the tree did; the tests decide):
   ``attach_storage_backend`` sets them for the file backend) writing hybrid backup operations (KV pages in
   128-page chunks, the QSA indexer sidecar on every page, the Mamba state on the last page), syncs and acks in
   the order they happen;
-* ``readahead``: which page files a batch read asks the kernel for (POSIX_FADV_WILLNEED) before the first read.
+* ``readahead``: which page files a batch read asks the kernel for (POSIX_FADV_WILLNEED) before the first read;
+* ``writeback`` (0007): which page files a hybrid backup starts writing back (``sync_file_range``) and when, against
+  its sync and ack; and the same backup where the call is absent or fails.
 """
 
 from __future__ import annotations
@@ -222,47 +225,91 @@ def _controller(store: hs.HiCacheFile, pools: dict):
     return ctrl
 
 
-def group_commit() -> dict:
-    """Two hybrid backup operations (200 and 4 pages) through the backup thread; what is synced when."""
-    pages = 204
-    events: list[str] = []
+def _backup(work: Path, ops: tuple[tuple[int, int, int], ...], events: list[str]) -> dict:
+    """Hybrid backup operations (first page, pages, Mamba slot) through the tree's backup thread, acks recorded."""
+    pages = sum(n for _, n, _ in ops)
+    store, kv = storage(work), kv_host(pages)
+    pools = {hs.PoolName.KV: kv, hs.PoolName.INDEXER: qsa_host(kv), hs.PoolName.MAMBA: mamba_host()}
+    for name in (hs.PoolName.INDEXER, hs.PoolName.MAMBA):
+        store.register_mem_host_pool_v2(pools[name], name)
+    for i in range(pages):
+        fill_random(kv, i * PAGE, seed=i)
+    ctrl = _controller(store, pools)
+    ack = ctrl.ack_backup_queue.put
+    ctrl.ack_backup_queue.put = lambda op: (events.append(f"ack {len(op.hash_value)}"), ack(op))[1]
+    keys = [f"{i:064x}" for i in range(100, 100 + pages)]
+    for first, n, slot in ops:
+        span = keys[first : first + n]
+        sidecars = [
+            hs.PoolTransfer(name=hs.PoolName.INDEXER, indices_from_pool=hs.PoolName.KV),
+            hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=span[-1:], host_indices=torch.tensor([slot]),
+                            hit_policy=hs.PoolHitPolicy.TRAILING_PAGES),
+        ]  # fmt: skip
+        host = torch.arange(first * PAGE, (first + n) * PAGE, dtype=torch.int64)
+        ctrl.write_storage(host, [], hash_value=span, extra_pools=sidecars)
+    thread = threading.Thread(target=ctrl.backup_thread_func, daemon=True)
+    thread.start()
+    while sum(e.startswith("ack ") for e in events) < len(ops):
+        thread.join(0.01)
+    ctrl.storage_stop_event.set()
+    target = kv.get_dummy_flat_data_page()
+    last = [keys[first + n - 1] for first, n, _ in ops]
+    return {"kv_pages_stored": sum(store.get(k, target) is not None for k in keys),
+            "mamba_states_stored": sum(store.exists(f"{k}.{hs.PoolName.MAMBA}") for k in last),
+            "files": sorted(f.name for f in work.iterdir()),
+            "sizes": sorted(f.stat().st_size for f in work.iterdir())}  # fmt: skip
+
+
+@contextlib.contextmanager
+def _recorded_syncs(events: list[str]):
     real_syncfs, real_sync = getattr(hs, "_syncfs", None), os.sync
     if real_syncfs is not None:
         hs._syncfs = lambda fd: (events.append("sync"), real_syncfs(fd))[1]
     os.sync = lambda: (events.append("sync"), real_sync())[1]
     try:
-        store, kv = storage(WORK / "commit"), kv_host(pages)
-        pools = {hs.PoolName.KV: kv, hs.PoolName.INDEXER: qsa_host(kv), hs.PoolName.MAMBA: mamba_host()}
-        for name in (hs.PoolName.INDEXER, hs.PoolName.MAMBA):
-            store.register_mem_host_pool_v2(pools[name], name)
-        for i in range(pages):
-            fill_random(kv, i * PAGE, seed=i)
-        ctrl = _controller(store, pools)
-        ack = ctrl.ack_backup_queue.put
-        ctrl.ack_backup_queue.put = lambda op: (events.append(f"ack {len(op.hash_value)}"), ack(op))[1]
-        keys = [f"{i:064x}" for i in range(100, 100 + pages)]
-        for first, n, slot in ((0, 200, 0), (200, 4, 1)):
-            span = keys[first : first + n]
-            sidecars = [
-                hs.PoolTransfer(name=hs.PoolName.INDEXER, indices_from_pool=hs.PoolName.KV),
-                hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=span[-1:], host_indices=torch.tensor([slot]),
-                                hit_policy=hs.PoolHitPolicy.TRAILING_PAGES),
-            ]  # fmt: skip
-            host = torch.arange(first * PAGE, (first + n) * PAGE, dtype=torch.int64)
-            ctrl.write_storage(host, [], hash_value=span, extra_pools=sidecars)
-        thread = threading.Thread(target=ctrl.backup_thread_func, daemon=True)
-        thread.start()
-        while events.count("ack 200") + events.count("ack 4") < 2:
-            thread.join(0.01)
-        ctrl.storage_stop_event.set()
-        target = kv.get_dummy_flat_data_page()
-        stored = sum(store.get(k, target) is not None for k in keys)
-        mamba = sum(store.exists(f"{k}.{hs.PoolName.MAMBA}") for k in (keys[199], keys[203]))
+        yield
     finally:
         if real_syncfs is not None:
             hs._syncfs = real_syncfs
         os.sync = real_sync
-    return {"events": events, "kv_pages_stored": stored, "mamba_states_stored": mamba}
+
+
+def group_commit() -> dict:
+    """Two hybrid backup operations (200 and 4 pages) through the backup thread; what is synced when."""
+    events: list[str] = []
+    with _recorded_syncs(events):
+        out = _backup(WORK / "commit", ((0, 200, 0), (200, 4, 1)), events)
+    return {"events": events, "kv_pages_stored": out["kv_pages_stored"],
+            "mamba_states_stored": out["mamba_states_stored"]}  # fmt: skip
+
+
+def writeback() -> dict:
+    """Patch 0007: a 4-page hybrid backup through the backup thread with the tree's sync_file_range call recorded
+    (the file it was given, its size then, the flags); then the same backup with no sync_file_range (not Linux) and
+    with one that fails."""
+    events: list[str] = []
+    real = getattr(hs, "_sync_file_range", None)
+    out: dict = {"has_writeback": real is not None}
+
+    def recorded(fd, offset, length, flags):
+        name = Path(os.readlink(f"/proc/self/fd/{fd}")).name
+        events.append(f"writeback {name} {os.fstat(fd).st_size} {offset} {length} {flags}")
+        return real(fd, offset, length, flags)
+
+    with _recorded_syncs(events):
+        if real is not None:
+            hs._sync_file_range = recorded
+        try:
+            out["recorded"] = _backup(WORK / "writeback", ((0, 4, 0),), events)
+            out["events"] = list(events)  # the two variants below sync too
+            if real is not None:
+                for name, fn in (("absent", None), ("failing", lambda *a: -1)):
+                    hs._sync_file_range = fn
+                    out[name] = _backup(WORK / f"writeback-{name}", ((0, 4, 0),), [])
+        finally:
+            if real is not None:
+                hs._sync_file_range = real
+    return out
 
 
 def readahead() -> dict:
@@ -291,7 +338,7 @@ def readahead() -> dict:
 
 if __name__ == "__main__":
     report = {}
-    for fn in (copied_page, io_errors, exported, group_commit, readahead):
+    for fn in (copied_page, io_errors, exported, group_commit, readahead, writeback):
         if ONLY is not None and fn.__name__ not in ONLY:
             continue
         try:
