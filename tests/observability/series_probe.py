@@ -13,6 +13,9 @@ sidecar's own script, then scrapes what they expose, as Prometheus would (plus t
   ``StorageMetricsCollector.log_storage_metrics(storage_backend.get_stats())`` and ``log_backuped_tokens``;
   ``damage`` pages flipped and read back (checksum discards), ``eio`` reads that fail with EIO (injected),
   ``dropped`` buffer-mode backup tokens (``log_backup_dropped_tokens``, a series created on its first drop);
+  ``l3_hits`` tokens the storage query found (``log_storage_prefetch_hit_tokens``, created on the first) of which
+  ``host_refused`` (a share) were refused for host capacity (``log_storage_prefetch_unfulfilled_tokens``, every
+  reason created at zero);
 * the sidecar: ``qwen_hicache.diskusage.SCRIPT``'s own ``scan()`` over the namespace directory;
 * a ``down`` segment's ``prestop``: the pod's own preStop hook (``podlifecycle.PRESTOP_SCRIPT``) run to its end
   before the pod goes, writing its record on the volume for the next pod's sidecar.
@@ -71,7 +74,8 @@ SCRAPE = {"namespace": "ml", "server": "qwen", "pod": "qwen-0", "job": "qwen-hic
 MODEL, PAGE_BYTES = "Qwen/probe", 4096
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
 # The families the rules and the dashboard can read (the rest of the runtime's /metrics is left out).
-KEEP = re.compile(r"^(sglang:(prompt_tokens|cached_tokens|backuped_tokens|hicache_)|qwen_hicache_(disk|prestop)_)")
+KEEP = re.compile(r"^(sglang:(prompt_tokens|cached_tokens|backuped_tokens|hicache_|storage_prefetch_hit_tokens|"
+                  r"storage_prefetch_unfulfilled_tokens)|qwen_hicache_(disk|prestop)_)")
 FLUSH_SECONDS = 1
 # /flush_cache's answers per outcome: (status, body as http_server.flush_cache sends it, delay in seconds).
 FLUSH_ANSWERS = {"ok": (200, "Cache flushed.\n", 0.0), "failed": (400, "Flush cache failed.\n", 0.0),
@@ -182,6 +186,10 @@ def minute(pod: Pod, seg: dict, written: list[str]) -> None:
             pod.store.get(key, target)
     if seg.get("dropped"):
         pod.storage.log_backup_dropped_tokens(seg["dropped"])
+    if seg.get("l3_hits"):  # the L3 query's hit tokens, and the share of them refused for a full host pool
+        pod.storage.log_storage_prefetch_hit_tokens(seg["l3_hits"])
+        refused = int(seg["l3_hits"] * seg.get("host_refused", 0))
+        pod.storage.log_storage_prefetch_unfulfilled_tokens(refused, "host_capacity")
     stats = pod.store.get_stats() if hasattr(pod.store, "get_stats") else None
     pod.storage.log_storage_metrics(stats or mc.StorageMetrics())  # the scheduler step, once a minute
 

@@ -65,6 +65,11 @@ SCENARIOS: dict[str, dict] = {
     "dropped": {"segments": [{"minutes": 30, "disk_pages": 1}, {"minutes": 1, "dropped": 640},
                              {"minutes": 5, "disk_pages": 1}]},
     # Restarts whose preStop (the pod's own hook script) ended as named; the record shows with the next pod.
+    # Disk hits found by the storage query, then a restart whose host pool refuses half of them (host_capacity);
+    # and a pod that refuses 2% now and then (a burst of long prompts filling the host pool).
+    "host_full": {"segments": [{"minutes": 30, "l3_hits": 20000}, {"minutes": 3, "down": True},
+                               {"minutes": 60, "l3_hits": 20000, "host_refused": 0.5}]},
+    "host_tight": {"segments": [{"minutes": 90, "l3_hits": 20000, "host_refused": 0.02}]},
     "prestop_failed": {"segments": [{"minutes": 30}, {"minutes": 3, "down": True, "prestop": "failed"},
                                     {"minutes": 60}]},
     "prestop_timeout": {"segments": [{"minutes": 30}, {"minutes": 3, "down": True, "prestop": "timeout"},
@@ -126,6 +131,9 @@ CASES: list[tuple[str, str, str, dict[str, str] | None, float]] = [
     ("QwenHiCacheDiskPagesDiscarded", "read_errors", "39m", None, 0),  # I/O errors keep the page: no discard
     ("QwenHiCacheDiskReadErrors", "read_errors", "39m", {**POD_LABELS, "error": "EIO"}, 0),
     ("QwenHiCacheDiskReadErrors", "read_error_once", "50m", None, 0),
+    ("QwenHiCacheDiskHitsRefusedHostFull", "host_full", "80m", POD_LABELS, 0),
+    ("QwenHiCacheDiskHitsRefusedHostFull", "host_full", "30m", None, 0),  # before the restart: every hit loaded
+    ("QwenHiCacheDiskHitsRefusedHostFull", "host_tight", "85m", None, 0),
     ("QwenHiCacheBackupsDropped", "dropped", "33m", POD_LABELS, 640),
     ("QwenHiCacheBackupsDropped", "healthy", "1000m", None, 0),  # the deployed mode: the series never exists
     ("QwenHiCachePreStopFlushFailed", "prestop_failed", "45m", _prestop("uid-0", "failed"), 1),
