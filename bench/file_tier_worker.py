@@ -266,8 +266,74 @@ def startup(files: int) -> dict:
     return {"name": "startup", "startup_s": seconds, "tmp_left": sum(n.endswith(".tmp") for n in os.listdir(crowd))}
 
 
+def restore(spec: dict) -> dict:
+    """One request's disk hit (``pages`` KV pages, their QSA index sidecars, the Mamba state of the last) written by
+    the tree's backup thread, then read back, page cache dropped before each read, ``repeat`` times each way: by the
+    prefetch path's own calls (``_generic_page_get`` in 128-page batches with the KV-derived index sidecar through
+    ``batch_get_v2``, then the Mamba state through ``batch_get_v2``, as ``_page_transfer_kv_batch`` and
+    ``_page_transfer_sidecar`` make them) and by a plain ``readinto`` of every file: GB/s of the files' bytes."""
+    pages, work = spec["pages"], WORK / "restore"
+    (work / "pages").mkdir(parents=True)
+    backend = store(work / "pages", 0, 1)
+    with host_memory_budget_scope(16 << 30):
+        kv = kv_host(pages)
+        pools = {hs.PoolName.KV: kv, hs.PoolName.INDEXER: qsa_host(kv), hs.PoolName.MAMBA: mamba_host(2)}
+    for name in (hs.PoolName.INDEXER, hs.PoolName.MAMBA):
+        backend.register_mem_host_pool_v2(pools[name], name)
+    gen = torch.Generator().manual_seed(0)
+    for i in range(pages):
+        page = kv.get_dummy_flat_data_page()
+        page.view(torch.uint8).copy_(torch.randint(0, 256, (page.numel() * page.element_size(),), generator=gen,
+                                                   dtype=torch.uint8))  # fmt: skip
+        kv.set_from_flat_data_page(i * PAGE, page)
+    keys, host = [f"{i:064x}" for i in range(pages)], torch.arange(0, pages * PAGE, dtype=torch.int64)
+    ctrl = controller(True, backend, pools)
+    ctrl.write_storage(host, [], hash_value=keys, extra_pools=[
+        hs.PoolTransfer(name=hs.PoolName.INDEXER, indices_from_pool=hs.PoolName.KV),
+        hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=keys[-1:], host_indices=torch.tensor([0]),
+                        hit_policy=hs.PoolHitPolicy.TRAILING_PAGES)])  # fmt: skip
+    thread = threading.Thread(target=ctrl.backup_thread_func, daemon=True)
+    thread.start()
+    ctrl.ack_backup_queue.get(timeout=600)
+    ctrl.storage_stop_event.set()
+    thread.join()
+    syncfs(work / "pages")
+    files = sorted((work / "pages").iterdir())
+    total = sum(f.stat().st_size for f in files)
+    request = SimpleNamespace(request_id=0, is_terminated=lambda: False)
+
+    def prefetch_path() -> None:
+        got = 0
+        for i in range(0, pages, CHUNK):
+            batch, indices = keys[i : i + CHUNK], host[i * PAGE : (i + CHUNK) * PAGE]
+            got += ctrl._generic_page_get(request, batch, indices)
+            index = backend.batch_get_v2([hs.PoolTransfer(name=hs.PoolName.INDEXER, keys=batch, host_indices=indices)])
+            got -= len(batch) - sum(index[hs.PoolName.INDEXER])
+        state = backend.batch_get_v2([hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=keys[-1:],
+                                                      host_indices=torch.tensor([1]))])  # fmt: skip
+        if got != pages or not all(state[hs.PoolName.MAMBA]):
+            raise SystemExit(f"restore read {got} of {pages} pages, Mamba state {state}")
+
+    def plain() -> None:
+        buf = memoryview(bytearray(max(f.stat().st_size for f in files)))
+        for f in files:
+            with open(f, "rb", buffering=0) as fh:
+                fh.readinto(buf)
+
+    out: dict = {"name": "restore", "files": len(files), "bytes": total, "plain_gbps": [], "prefetch_gbps": []}
+    for i in range(spec["repeat"]):  # alternate which goes first: a drift of the disk hits both alike
+        for name, read in (("plain", plain), ("prefetch", prefetch_path))[:: 1 if i % 2 == 0 else -1]:
+            drop_cache(work / "pages")
+            t = time.perf_counter()
+            read()
+            out[f"{name}_gbps"].append(total / (time.perf_counter() - t) / 1e9)
+    return out
+
+
 if __name__ == "__main__":
-    for item in SPEC["patterns"]:
+    if "restore" in SPEC:
+        print(json.dumps(restore(SPEC["restore"])), flush=True)
+    for item in SPEC.get("patterns", []):
         print(json.dumps(pattern({**item, "parent_sync": SPEC["parent_sync"]})), flush=True)
     if SPEC.get("startup_files"):
         print(json.dumps(startup(SPEC["startup_files"])), flush=True)
