@@ -26,6 +26,8 @@ SIGNALS = {
     "QwenHiCacheStorageHitShareCollapsed": "qwen_hicache:storage_hit_share:ratio1d",
     "QwenHiCacheDiskPagesDiscarded": "increase(sglang:hicache_storage_page_discards_total[30m])",
     "QwenHiCacheDiskReadErrors": "rate(sglang:hicache_storage_read_errors_total[10m])",
+    "QwenHiCacheDiskHitsRefusedHostFull":
+        'increase(sglang:storage_prefetch_unfulfilled_tokens_total{reason="host_capacity",tp_rank="0"}[30m])',
     "QwenHiCacheBackupsDropped": None,  # see NO_DATA_BY_DESIGN
     "QwenHiCacheReconcileErrors": "rate(qwen_hicache_reconcile_errors_total[10m])",
     "QwenHiCachePreStopFlushFailed": "qwen_hicache_prestop_info",  # the rollout's stops flushed: outcome ok
