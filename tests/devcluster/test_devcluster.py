@@ -274,12 +274,16 @@ def test_owned_children_are_garbage_collected(
     assert all(exists(r) for r in readers)
 
     crs.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "owner", propagation_policy=policy)
+    # The garbage collector watches a resource type from its discovery sync on, every 30 s in
+    # kube-controller-manager: an owner of a CRD installed since then waits for the next one.
+    gc = 45.0
     eventually(
         lambda: (
             not exists(lambda: crs.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "owner"))
-        )
+        ),
+        timeout=gc,
     )
-    eventually(lambda: not any(exists(r) for r in readers))
+    eventually(lambda: not any(exists(r) for r in readers), timeout=gc)
     assert exists(lambda: core.read_namespaced_persistent_volume_claim("data", namespace))
 
 
