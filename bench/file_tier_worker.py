@@ -51,13 +51,17 @@ logging.disable(logging.CRITICAL)
 
 from sglang.srt.managers.cache_controller import HiCacheController  # noqa: E402
 from sglang.srt.mem_cache import hicache_storage as hs  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle  # noqa: E402
 from sglang.srt.mem_cache.device_pool_info import (  # noqa: E402
     KVBufferLayout,
     KVBuffers,
     MambaStateBufferInfo,
     MHABufferInfo,
 )
-from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController  # noqa: E402
+from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import (  # noqa: E402
+    HybridCacheController,
+    PrefetchOperation,
+)
 from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
@@ -141,7 +145,7 @@ def controller(hybrid: bool, backend: hs.HiCacheFile, pools: dict) -> HiCacheCon
         backup_queue=Queue(), ack_backup_queue=Queue(), storage_backend=backend, storage_backend_type="file",
         storage_host_pool=pools[hs.PoolName.KV], storage_config=SimpleNamespace(is_storage_writer=True),
         mem_pool_host=SimpleNamespace(layout_lease=contextlib.nullcontext, entry_map={}),
-        pp_prefetch_command_thread=None, backup_skip=False,
+        pp_prefetch_command_thread=None, backup_skip=False, prefetch_sync_queue=Queue(),
     )  # fmt: skip
     ctrl.page_set_func = ctrl._generic_page_set
     ctrl.page_get_func = ctrl._generic_page_get
@@ -163,6 +167,58 @@ def barrier(work: Path, name: str, rank: int, ranks: int) -> None:
         time.sleep(0.01)
 
 
+def host_pools(backend: hs.HiCacheFile, pages: int, mamba_slots: int | None) -> dict:
+    """The KV host pool of `pages` pages and, with `mamba_slots`, the QSA index and Mamba pools registered with the
+    backend as sidecars. The pools' own budget (as the runtime probes set it): the machine's free memory, which other
+    jobs share, must not decide whether a few hundred MiB of pools may be allocated."""
+    with host_memory_budget_scope(8 << 30):
+        kv = kv_host(pages)
+        pools = {hs.PoolName.KV: kv}
+        if mamba_slots:
+            pools[hs.PoolName.INDEXER], pools[hs.PoolName.MAMBA] = qsa_host(kv), mamba_host(mamba_slots)
+    for name in (hs.PoolName.INDEXER, hs.PoolName.MAMBA):
+        if name in pools:
+            backend.register_mem_host_pool_v2(pools[name], name)
+    return pools
+
+
+def fill(kv: MHATokenToKVPoolHost, pages: int, seed: int) -> list[torch.Tensor]:
+    """Random bytes in the first `pages` KV pages; the pages as written."""
+    gen = torch.Generator().manual_seed(seed)
+    reference = []
+    for i in range(pages):
+        page = kv.get_dummy_flat_data_page()
+        page.copy_(torch.randint(0, 256, page.shape, generator=gen, dtype=torch.uint8))
+        kv.set_from_flat_data_page(i * PAGE, page)
+        reference.append(page)
+    return reference
+
+
+def sidecars(span: list[str], slot: int) -> list[hs.PoolTransfer]:
+    """A hybrid operation's sidecar transfers: the QSA index of every page, the Mamba state (in `slot`) of the last."""
+    return [hs.PoolTransfer(name=hs.PoolName.INDEXER, indices_from_pool=hs.PoolName.KV),
+            hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=span[-1:], host_indices=torch.tensor([slot]),
+                            hit_policy=hs.PoolHitPolicy.TRAILING_PAGES)]  # fmt: skip
+
+
+def back_up(ctrl: HiCacheController, operations: list[tuple]) -> tuple[float, float, list]:
+    """Queue every (host indices, keys, sidecars or None) operation at once, then run the backup thread until each
+    is acknowledged: (first queued, last acknowledged, the acknowledged operations)."""
+    thread = threading.Thread(target=ctrl.backup_thread_func, daemon=True)
+    start = time.time()
+    for host, span, extra in operations:
+        if extra is None:
+            ctrl.write_storage(host, [], hash_value=span)
+        else:
+            ctrl.write_storage(host, [], hash_value=span, extra_pools=extra)
+    thread.start()
+    acked = [ctrl.ack_backup_queue.get(timeout=600) for _ in operations]
+    end = time.time()
+    ctrl.storage_stop_event.set()
+    thread.join()
+    return start, end, acked
+
+
 def pattern(spec: dict) -> dict:
     ops, hybrid, rank, ranks = spec["ops"], spec["hybrid"], spec.get("rank", 0), spec.get("ranks", 1)
     work = WORK / spec["name"]
@@ -171,23 +227,9 @@ def pattern(spec: dict) -> dict:
     backend = store(pages_dir, rank, ranks)
     patched = hasattr(backend, "group_commit")
     host_pages = max(ops)
-    # The pools' own budget (as the runtime probes set it): the machine's free memory, which other jobs share,
-    # must not decide whether a few hundred MiB of pools may be allocated.
-    with host_memory_budget_scope(8 << 30):
-        kv = kv_host(host_pages)
-        pools = {hs.PoolName.KV: kv}
-        if hybrid:
-            pools[hs.PoolName.INDEXER], pools[hs.PoolName.MAMBA] = qsa_host(kv), mamba_host(len(ops))
-    if hybrid:
-        for name in (hs.PoolName.INDEXER, hs.PoolName.MAMBA):
-            backend.register_mem_host_pool_v2(pools[name], name)
-    gen = torch.Generator().manual_seed(rank)
-    reference = []
-    for i in range(host_pages):
-        page = kv.get_dummy_flat_data_page()
-        page.copy_(torch.randint(0, 256, page.shape, generator=gen, dtype=torch.uint8))
-        kv.set_from_flat_data_page(i * PAGE, page)
-        reference.append(page)
+    pools = host_pools(backend, host_pages, len(ops) if hybrid else None)
+    kv = pools[hs.PoolName.KV]
+    reference = fill(kv, host_pages, seed=rank)
     ctrl = controller(hybrid, backend, pools)
     if spec["parent_sync"] and not patched:
         inner = ctrl._page_backup_or_log
@@ -198,30 +240,12 @@ def pattern(spec: dict) -> dict:
 
         ctrl._page_backup_or_log = backup_then_sync
     keys = [[f"{op:08x}{i:056x}" for i in range(n)] for op, n in enumerate(ops)]
-    operations = []
-    for op, (n, span) in enumerate(zip(ops, keys, strict=True)):
-        host = torch.arange(0, n * PAGE, dtype=torch.int64)
-        extra = None
-        if hybrid:
-            extra = [hs.PoolTransfer(name=hs.PoolName.INDEXER, indices_from_pool=hs.PoolName.KV),
-                     hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=span[-1:], host_indices=torch.tensor([op]),
-                                     hit_policy=hs.PoolHitPolicy.TRAILING_PAGES)]  # fmt: skip
-        operations.append((host, span, extra))
+    operations = [(torch.arange(0, n * PAGE, dtype=torch.int64), span, sidecars(span, op) if hybrid else None)
+                  for op, (n, span) in enumerate(zip(ops, keys, strict=True))]  # fmt: skip
     syncfs(pages_dir)
     if ranks > 1:
         barrier(work, "write", rank, ranks)
-    thread = threading.Thread(target=ctrl.backup_thread_func, daemon=True)
-    start = time.time()
-    for host, span, extra in operations:
-        if hybrid:
-            ctrl.write_storage(host, [], hash_value=span, extra_pools=extra)
-        else:
-            ctrl.write_storage(host, [], hash_value=span)
-    thread.start()
-    acked = [ctrl.ack_backup_queue.get(timeout=600) for _ in operations]
-    end = time.time()
-    ctrl.storage_stop_event.set()
-    thread.join()
+    start, end, acked = back_up(ctrl, operations)
     written = sum(op.completed_tokens for op in acked) // PAGE
     syncfs(pages_dir)
     if ranks > 1:
@@ -269,50 +293,32 @@ def startup(files: int) -> dict:
 def restore(spec: dict) -> dict:
     """One request's disk hit (``pages`` KV pages, their QSA index sidecars, the Mamba state of the last) written by
     the tree's backup thread, then read back, page cache dropped before each read, ``repeat`` times each way: by the
-    prefetch path's own calls (``_generic_page_get`` in 128-page batches with the KV-derived index sidecar through
-    ``batch_get_v2``, then the Mamba state through ``batch_get_v2``, as ``_page_transfer_kv_batch`` and
-    ``_page_transfer_sidecar`` make them) and by a plain ``readinto`` of every file: GB/s of the files' bytes."""
+    hybrid controller's own ``_page_transfer`` of a ``PrefetchOperation`` (``_generic_page_get`` in 128-page
+    batches with the KV-derived index sidecar, then the Mamba state, as the prefetch thread runs it) and by a plain
+    ``readinto`` of every file: GB/s of the files' bytes."""
     pages, work = spec["pages"], WORK / "restore"
     (work / "pages").mkdir(parents=True)
     backend = store(work / "pages", 0, 1)
-    with host_memory_budget_scope(16 << 30):
-        kv = kv_host(pages)
-        pools = {hs.PoolName.KV: kv, hs.PoolName.INDEXER: qsa_host(kv), hs.PoolName.MAMBA: mamba_host(2)}
-    for name in (hs.PoolName.INDEXER, hs.PoolName.MAMBA):
-        backend.register_mem_host_pool_v2(pools[name], name)
-    gen = torch.Generator().manual_seed(0)
-    for i in range(pages):
-        page = kv.get_dummy_flat_data_page()
-        page.view(torch.uint8).copy_(torch.randint(0, 256, (page.numel() * page.element_size(),), generator=gen,
-                                                   dtype=torch.uint8))  # fmt: skip
-        kv.set_from_flat_data_page(i * PAGE, page)
+    pools = host_pools(backend, pages, mamba_slots=2)
+    fill(pools[hs.PoolName.KV], pages, seed=0)
     keys, host = [f"{i:064x}" for i in range(pages)], torch.arange(0, pages * PAGE, dtype=torch.int64)
     ctrl = controller(True, backend, pools)
-    ctrl.write_storage(host, [], hash_value=keys, extra_pools=[
-        hs.PoolTransfer(name=hs.PoolName.INDEXER, indices_from_pool=hs.PoolName.KV),
-        hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=keys[-1:], host_indices=torch.tensor([0]),
-                        hit_policy=hs.PoolHitPolicy.TRAILING_PAGES)])  # fmt: skip
-    thread = threading.Thread(target=ctrl.backup_thread_func, daemon=True)
-    thread.start()
-    ctrl.ack_backup_queue.get(timeout=600)
-    ctrl.storage_stop_event.set()
-    thread.join()
+    back_up(ctrl, [(host, keys, sidecars(keys, 0))])
     syncfs(work / "pages")
     files = sorted((work / "pages").iterdir())
     total = sum(f.stat().st_size for f in files)
-    request = SimpleNamespace(request_id=0, is_terminated=lambda: False)
 
     def prefetch_path() -> None:
-        got = 0
-        for i in range(0, pages, CHUNK):
-            batch, indices = keys[i : i + CHUNK], host[i * PAGE : (i + CHUNK) * PAGE]
-            got += ctrl._generic_page_get(request, batch, indices)
-            index = backend.batch_get_v2([hs.PoolTransfer(name=hs.PoolName.INDEXER, keys=batch, host_indices=indices)])
-            got -= len(batch) - sum(index[hs.PoolName.INDEXER])
-        state = backend.batch_get_v2([hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=keys[-1:],
-                                                      host_indices=torch.tensor([1]))])  # fmt: skip
-        if got != pages or not all(state[hs.PoolName.MAMBA]):
-            raise SystemExit(f"restore read {got} of {pages} pages, Mamba state {state}")
+        """The hybrid controller's own transfer of one prefetch operation (KV batches with their KV-derived sidecar,
+        then the Mamba state), as the prefetch thread runs it; its acks say what it read."""
+        operation = PrefetchOperation(CacheRequestHandle("restore", 0), [], pool_transfers=sidecars(keys, 1))
+        operation.hash_value, operation.host_indices = keys, host
+        ctrl._page_transfer(operation)
+        acks = [ctrl.prefetch_sync_queue.get_nowait() for _ in range(ctrl.prefetch_sync_queue.qsize())]
+        kv_tokens = max(a.completed_tokens or 0 for a in acks)
+        states = sum((a.pool_hits or {}).get(hs.PoolName.MAMBA, 0) for a in acks)
+        if kv_tokens != pages * PAGE or states != 1:
+            raise SystemExit(f"restore read {kv_tokens} of {pages * PAGE} tokens, {states} Mamba states")
 
     def plain() -> None:
         buf = memoryview(bytearray(max(f.stat().st_size for f in files)))

@@ -4,9 +4,10 @@ run_engine.py `--profile` puts a `sitecustomize.py` that calls `start()` on the 
 server, the scheduler and the detokenizer each sample themselves. While the file `QHC_PROFILE_FLAG` exists and
 names a window (e.g. `disk-warm`), every thread's Python stack is counted every `QHC_SAMPLE_S` seconds (default
 5 ms); the counts go to `QHC_PROFILE_DIR/stacks-<pid>.txt` as collapsed stacks (`window;thread;frame;... count`,
-the flame-graph format) every 2 s and at exit, so a process stopped by SIGKILL keeps what it sampled. Pure Python
-and in-process because the GPU machine's ptrace rules are not known: a sample is taken when the sampler gets the
-GIL, so a thread stuck in a C call that holds the GIL is seen only when it lets go.
+the flame-graph format) when a window ends, every 2 s within one and at exit, so a process stopped by SIGTERM or
+SIGKILL keeps what it sampled. Pure Python and in-process because the GPU machine's ptrace rules are not known: a
+sample is taken when the sampler gets the GIL, so a thread stuck in a C call that holds the GIL is seen only when it
+lets go.
 """
 
 from __future__ import annotations
@@ -39,8 +40,7 @@ COUNTS: collections.Counter = collections.Counter()
 
 
 def _loop(flag: str, path: str, interval: float) -> None:
-    counts = COUNTS
-    me, dumped, last = threading.get_ident(), 0, time.monotonic()
+    me, sampled, dumped, last, previous = threading.get_ident(), 0, 0, time.monotonic(), ""
     while True:
         time.sleep(interval)
         try:
@@ -52,10 +52,13 @@ def _loop(flag: str, path: str, interval: float) -> None:
             names = {t.ident: t.name for t in threading.enumerate()}
             for ident, frame in sys._current_frames().items():
                 if ident != me:
-                    counts[f"{window};{names.get(ident, ident)};{_stack(frame)}"] += 1
-        if time.monotonic() - last > 2 and sum(counts.values()) != dumped:
-            _dump(counts, path)
-            dumped, last = sum(counts.values()), time.monotonic()
+                    COUNTS[f"{window};{names.get(ident, ident)};{_stack(frame)}"] += 1
+                    sampled += 1
+        # at a window's end (the run closes it before it stops the server) and every 2 s within one
+        if sampled != dumped and (window != previous or time.monotonic() - last > 2):
+            _dump(COUNTS, path)
+            dumped, last = sampled, time.monotonic()
+        previous = window
 
 
 def start() -> None:
@@ -71,8 +74,7 @@ def start() -> None:
 def summary(directory: str, top: int = 25) -> dict:
     """Per window and thread: samples, the leaf frames (file:line) that took the most of them, and the functions
     most often on the stack (inclusive)."""
-    per: dict = {}
-    inclusive: dict = {}
+    per: dict = {}  # window -> thread -> (leaf frames, functions on the stack)
     for name in sorted(os.listdir(directory)):
         if not (name.startswith("stacks-") and name.endswith(".txt")):
             continue
@@ -81,12 +83,11 @@ def summary(directory: str, top: int = 25) -> dict:
             for line in fh:
                 stack, _, n = line.rstrip("\n").rpartition(" ")
                 window, thread, *frames = stack.split(";")
-                entry = per.setdefault(window, {}).setdefault(f"{pid}/{thread}", collections.Counter())
-                entry[frames[-1] if frames else "?"] += int(n)
-                funcs = inclusive.setdefault(window, {}).setdefault(f"{pid}/{thread}", collections.Counter())
-                for func in {f.split(":")[0] for f in frames}:
-                    funcs[func] += int(n)
-    return {window: {thread: {"samples": sum(c.values()), "top": c.most_common(top),
-                              "inclusive": inclusive[window][thread].most_common(top)}
-                     for thread, c in threads.items()}
+                leaves, funcs = per.setdefault(window, {}).setdefault(
+                    f"{pid}/{thread}", (collections.Counter(), collections.Counter()))
+                leaves[frames[-1] if frames else "?"] += int(n)
+                funcs.update(dict.fromkeys({f.rsplit(":", 1)[0] + ")" for f in frames}, int(n)))
+    return {window: {thread: {"samples": sum(leaves.values()), "top": leaves.most_common(top),
+                              "inclusive": funcs.most_common(top)}
+                     for thread, (leaves, funcs) in threads.items()}
             for window, threads in per.items()}  # fmt: skip
