@@ -7,7 +7,7 @@ from qwen_hicache.fingerprint import FINGERPRINT_VERSION, fingerprint, fingerpri
 from qwen_hicache.plan import parse_spec
 from resources import example, variant
 
-GOLDEN_EXAMPLE = "v1-0c4ebf9906cffc28"
+GOLDEN_EXAMPLE = "v1-b7aeca52a35f2022"
 
 
 def _fp(**changes: object) -> str:

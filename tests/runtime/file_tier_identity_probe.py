@@ -1,5 +1,5 @@
-"""Patches 0006 and 0007 on one sglang tree's own code, on CPU: page identity, I/O errors, exported discards, group
-commit, early writeback.
+"""Patches 0006, 0007 and 0008 on one sglang tree's own code, on CPU: page identity, I/O errors, exported discards,
+group commit, early writeback, read staging.
 
     python file_tier_identity_probe.py TREE WORKDIR [SCENARIO,...]
 
@@ -18,7 +18,9 @@ Scenarios (each prints what the tree did; the tests decide):
   the order they happen;
 * ``readahead``: which page files a batch read asks the kernel for (POSIX_FADV_WILLNEED) before the first read;
 * ``writeback`` (0007): which page files a hybrid backup starts writing back (``sync_file_range``) and when, against
-  its sync and ack; and the same backup where the call is absent or fails.
+  its sync and ack; and the same backup where the call is absent or fails;
+* ``staging`` (0008): the buffers a disk hit is read into by the hybrid controller's own prefetch transfer, and the
+  dummy pages the host pools make for it.
 """
 
 from __future__ import annotations
@@ -219,14 +221,15 @@ def _controller(store: hs.HiCacheFile, pools: dict):
         backup_queue=Queue(), ack_backup_queue=Queue(), storage_backend=store, storage_backend_type="file",
         storage_host_pool=pools[hs.PoolName.KV], storage_config=SimpleNamespace(is_storage_writer=True),
         mem_pool_host=SimpleNamespace(layout_lease=contextlib.nullcontext, entry_map={}),
-        pp_prefetch_command_thread=None,
+        pp_prefetch_command_thread=None, backup_skip=False, prefetch_sync_queue=Queue(),
     )  # fmt: skip
-    ctrl.page_set_func = ctrl._generic_page_set
+    ctrl.page_set_func, ctrl.page_get_func = ctrl._generic_page_set, ctrl._generic_page_get
     return ctrl
 
 
-def _backup(work: Path, ops: tuple[tuple[int, int, int], ...], events: list[str]) -> dict:
-    """Hybrid backup operations (first page, pages, Mamba slot) through the tree's backup thread, acks recorded."""
+def _backup(work: Path, ops: tuple[tuple[int, int, int], ...], events: list[str], keep: dict | None = None) -> dict:
+    """Hybrid backup operations (first page, pages, Mamba slot) through the tree's backup thread, acks recorded;
+    `keep` gets the store, pools, controller and keys for a read back."""
     pages = sum(n for _, n, _ in ops)
     store, kv = storage(work), kv_host(pages)
     pools = {hs.PoolName.KV: kv, hs.PoolName.INDEXER: qsa_host(kv), hs.PoolName.MAMBA: mamba_host()}
@@ -252,6 +255,9 @@ def _backup(work: Path, ops: tuple[tuple[int, int, int], ...], events: list[str]
     while sum(e.startswith("ack ") for e in events) < len(ops):
         thread.join(0.01)
     ctrl.storage_stop_event.set()
+    thread.join()
+    if keep is not None:
+        keep.update(store=store, pools=pools, ctrl=ctrl, keys=keys)
     target = kv.get_dummy_flat_data_page()
     last = [keys[first + n - 1] for first, n, _ in ops]
     return {"kv_pages_stored": sum(store.get(k, target) is not None for k in keys),
@@ -312,6 +318,49 @@ def writeback() -> dict:
     return out
 
 
+def staging() -> dict:
+    """Patch 0008: a 130-page hybrid backup read back twice by the hybrid controller's own ``_page_transfer`` of a
+    prefetch operation (KV in batches of 128 and 2, each page's QSA index sidecar, then the Mamba state into another
+    slot), the host pools cleared before each read: the buffers the file tier read into, how many dummy pages each
+    pool made, and whether the pools hold what was written."""
+    from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import PrefetchOperation
+
+    pages, keep = 130, {}
+    _backup(WORK / "staging", ((0, pages, 0),), [], keep)
+    store, pools, ctrl, keys = keep["store"], keep["pools"], keep["ctrl"], keep["keys"]
+    kv, index, mamba = (pools[n] for n in (hs.PoolName.KV, hs.PoolName.INDEXER, hs.PoolName.MAMBA))
+    written = [kv.kv_buffer.clone(), index.get_data_page(0, flat=True).clone(), mamba.get_data_page(0, flat=True)]
+    dummies = {name: 0 for name in pools}
+    for name, pool in pools.items():
+        made = pool.get_dummy_flat_data_page
+        pool.get_dummy_flat_data_page = lambda name=name, made=made: (dummies.__setitem__(name, dummies[name] + 1),
+                                                                      made())[1]  # fmt: skip
+    buffers, get = [], hs.HiCacheFile.get
+    store.get = lambda key, target, *a: (buffers.append(target.data_ptr()), get(store, key, target, *a))[1]
+    reads = []
+    for _ in range(2):
+        kv.kv_buffer.zero_()
+        index.set_from_flat_data_page(0, torch.zeros_like(written[1]))
+        before, dummies_before = len(buffers), dict(dummies)
+        operation = PrefetchOperation(CacheRequestHandle("staging", 0), [], pool_transfers=[
+            hs.PoolTransfer(name=hs.PoolName.INDEXER, indices_from_pool=hs.PoolName.KV),
+            hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=keys[-1:], host_indices=torch.tensor([1]),
+                            hit_policy=hs.PoolHitPolicy.TRAILING_PAGES)])  # fmt: skip
+        operation.hash_value, operation.host_indices = keys, torch.arange(0, pages * PAGE, dtype=torch.int64)
+        ctrl._page_transfer(operation)
+        acks = [ctrl.prefetch_sync_queue.get_nowait() for _ in range(ctrl.prefetch_sync_queue.qsize())]
+        reads.append({
+            "kv_tokens": max(a.completed_tokens or 0 for a in acks),
+            "mamba_states": sum((a.pool_hits or {}).get(hs.PoolName.MAMBA, 0) for a in acks),
+            "same": [torch.equal(kv.kv_buffer, written[0]), torch.equal(index.get_data_page(0, flat=True), written[1]),
+                     torch.equal(mamba.get_data_page(1, flat=True), written[2])],
+            "gets": len(buffers) - before, "buffers": len(set(buffers[before:])),
+            "dummies": {str(n): dummies[n] - dummies_before[n] for n in pools},
+        })  # fmt: skip
+    return {"reads": reads, "buffers_both_reads": len(set(buffers)), "has_staging": hasattr(store, "staging_pages")}
+
+
 def readahead() -> dict:
     store, _ = _kv_pages(WORK / "readahead")
     asked: list[str] = []
@@ -338,7 +387,7 @@ def readahead() -> dict:
 
 if __name__ == "__main__":
     report = {}
-    for fn in (copied_page, io_errors, exported, group_commit, readahead, writeback):
+    for fn in (copied_page, io_errors, exported, group_commit, readahead, writeback, staging):
         if ONLY is not None and fn.__name__ not in ONLY:
             continue
         try:

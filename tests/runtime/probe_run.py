@@ -19,3 +19,10 @@ def run_json(script: str, *args: object, timeout: float = 300) -> dict:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
+
+
+def run_scenario(script: str, tree: Path, work: Path, scenario: str) -> dict:
+    """One scenario of a probe that reports each scenario by name (an ``error`` key holds its traceback)."""
+    out = run_json(script, tree, work, scenario)[scenario]
+    assert "error" not in out, out["error"]
+    return out

@@ -20,3 +20,12 @@ def test_file_tier_bench_smoke(wheel: Path, tmp_path: Path):
     assert {f"{p} {op}" for p in patterns for op in ("write", "read")} <= rows, proc.stdout
     assert "startup s (cap on)" in proc.stdout
     assert "stale .tmp left after startup          2         0" in proc.stdout  # the parent never sweeps
+
+
+def test_a_runs_rate_is_total_bytes_over_total_time_of_its_halves():
+    sys.path.insert(0, str(REPO / "bench"))
+    from file_tier import combine
+
+    halves = [{"p": {"write_Bps": 100.0, "read_Bps": 300.0}, "startup": {"startup_s": 0.1}},
+              {"p": {"write_Bps": 300.0, "read_Bps": 300.0}}]  # fmt: skip
+    assert combine(halves) == {"p": {"write_Bps": 150.0, "read_Bps": 300.0}, "startup": {"startup_s": 0.1}}

@@ -11,15 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from probe_run import run_json
+from probe_run import run_scenario
 
 SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h
 
 
 def _writeback(tree: Path, work: Path) -> dict:
-    out = run_json("file_tier_identity_probe.py", tree, work, "writeback")["writeback"]
-    assert "error" not in out, out["error"]
-    return out
+    return run_scenario("file_tier_identity_probe.py", tree, work, "writeback")
 
 
 @pytest.fixture(scope="module")
