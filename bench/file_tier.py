@@ -173,19 +173,13 @@ def run(directory: str | None, repeat: int, startup_files: int, smoke: bool) -> 
 
 
 def combine(parts: list[dict[str, dict]]) -> dict[str, dict]:
-    """One rate per pattern over equal-sized halves: total bytes over total time (the harmonic mean); a startup
-    figure is kept from the half that measured it."""
-    out: dict[str, dict] = {}
-    for part in parts:
-        for name, figures in part.items():
-            if name == "startup":
-                out[name] = figures
-                continue
-            out.setdefault(name, {})
-            for key, rate in figures.items():
-                out[name].setdefault(key, []).append(rate)
-    return {name: v if name == "startup" else {k: len(r) / sum(1 / x for x in r) for k, r in v.items()}
-            for name, v in out.items()}  # fmt: skip
+    """One rate per pattern over equal-sized halves: total bytes over total time, the harmonic mean of their rates;
+    a startup figure is kept from the half that measured it."""
+    out = {name: figures for part in parts for name, figures in part.items() if name == "startup"}
+    for name in {name for part in parts for name in part} - {"startup"}:
+        halves = [part[name] for part in parts]
+        out[name] = {key: statistics.harmonic_mean([h[key] for h in halves]) for key in halves[0]}
+    return out
 
 
 def _spread(values: list[float], fmt: str) -> str:
