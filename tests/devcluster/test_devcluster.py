@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kubehelpers import eventually
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
@@ -78,13 +79,6 @@ def probe(name: str, replicas: object = 1, max_replicas: int = 3) -> dict:
         "metadata": {"name": name},
         "spec": {"replicas": replicas, "maxReplicas": max_replicas},
     }
-
-
-def eventually(check: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"condition not met within {timeout}s"
-        time.sleep(0.2)
 
 
 def exists(read: Callable[[], object]) -> bool:
