@@ -8,27 +8,30 @@ as the runtime makes them (sglang 0.5.23 ``cache_controller.py`` ``_page_backup`
 ``hybrid_cache_controller.py`` ``_page_backup_with_stable_layout``: one ``batch_set_v2`` per sidecar chain
 group, then the KV chunks):
 
-- ``kv chunks``: KV only, two operations of 256 pages (two 128-page chunks each), 1 MiB pages;
+- ``kv chunks``: KV only, two operations of 256 pages (two 128-page chunks each), 1 MiB pages; a turn each;
 - ``hybrid``: two operations of 192 pages with the QSA indexer sidecar on every page and a Mamba state on the
-  last (KV chunks of 128 + 64 after one sidecar group);
-- ``small``: 48 hybrid operations of 4 pages (multi-turn chat: each turn backs up a few new pages);
+  last (KV chunks of 128 + 64 after one sidecar group); a turn each;
+- ``small``: 48 hybrid operations of 4 pages (multi-turn chat: each turn backs up a few new pages), 12 a turn;
 - ``4 ranks``: four processes (tp_rank 0-3 of a TP4 pod, a quarter page each: 256 KiB) backing up the same
-  hybrid operations (two of 64 pages, eight of 4; four such bursts) at the same time into one directory.
+  hybrid operations (two of 64 pages, eight of 4: a burst, one a turn; four bursts) at the same time into one
+  directory.
 
 Baseline: the parent never syncs (its acknowledged pages are not durable), so it runs with one ``syncfs`` at
 the end of every backup operation: the sync patch 0006's group commit makes ("the parent plus the same
-syncs"). Write rate: KV payload over the time from the first operation queued to the last acknowledged.
-Read rate: KV pages dropped from the page cache, read back by the controller's prefetch path
-(``_generic_page_get``, 128-page batches; the patched tree verifies each page). Startup: the ``HiCacheFile``
-constructor over ``--startup-files`` page files plus 1% stale temporaries, size cap on (first run only).
+syncs"). Write rate: KV payload over the summed time of the tree's turns, each from the first operation queued to
+the last acknowledged. Read rate: KV pages dropped from the page cache, read back turn by turn by the controller's
+prefetch path (``_generic_page_get``, 128-page batches; the patched tree verifies each page). Startup: the
+``HiCacheFile`` constructor over ``--startup-files`` page files plus 1% stale temporaries, size cap on (first run).
 
     python bench/file_tier.py [--repeat 3] [--startup-files 100000] [--dir /var/tmp] [--json]
-    python bench/file_tier.py --smoke     # tiny pages, one run, processes in parallel: checks the bench runs
+    python bench/file_tier.py --smoke     # tiny pages, one run: checks the bench runs
 
-Per pattern: the parent's and the patched tree's rates, min/median/max over the runs, and the paired ratio
-(patched / parent of the same run; each pattern runs in processes of its own, as A B B A: each tree twice, right
-after each other, its rate over both; which tree is A alternates across patterns and runs). Targets: write >= 0.90x
-and read >= 0.95x in every run. Exits 1 when one is missed (never in ``--smoke``).
+A run starts both trees' processes (one per rank) at once; they build their patterns and wait. Then the trees
+take turns at each pattern, A B B A A B ..., seconds apart on the same disk, the waiting tree idle (see run()).
+Per pattern: the parent's and the patched tree's rates, min/median/max over the runs, the paired ratio (patched /
+parent of the same run; which tree is A alternates across patterns and runs), and the write's CPU seconds per GB
+(user + system, all ranks). Targets: write >= 0.90x and read >= 0.95x in every run. Exits 1 when one is missed
+(never in ``--smoke``).
 """
 
 from __future__ import annotations
@@ -36,11 +39,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
+import queue
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,19 +60,25 @@ STARTUP_LIMIT_S = 2.0
 GEOMETRY = {"layers": 4, "heads": 8, "dim": 128, "mamba_layers": 8, "mamba_heads": 8, "mamba_dim": 64,
             "index_layers": 4, "index_width": 128}  # fmt: skip
 RANK_GEOMETRY = {**GEOMETRY, "heads": 2, "mamba_heads": 2}  # a TP4 shard of the same model
+# Each pattern's operations (page counts) in turns; the trees take turns A B B A A B ... (see run).
 PATTERNS = {
-    "kv chunks": {"ops": [256, 256], "hybrid": False},
-    "hybrid": {"ops": [192, 192], "hybrid": True},
-    "small": {"ops": [4] * 48, "hybrid": True},
+    "kv chunks": {"turns": [[256], [256]], "hybrid": False},
+    "hybrid": {"turns": [[192], [192]], "hybrid": True},
+    "small": {"turns": [[4] * 12] * 4, "hybrid": True},
 }
-# Four times the operations of one burst (two of 64 pages, eight of 4): one burst's 144 MiB took 0.3 s, a window in
-# which four processes on two cores measured their scheduling more than the tree (one tree's halves differed by 15%).
-RANKS = ("4 ranks", 4, {"ops": ([64, 64] + [4] * 8) * 4, "hybrid": True})
+# A burst: two operations of 64 pages and eight of 4, four bursts a turn each (one burst of 4 x 36 MiB takes 0.3 s).
+RANKS = ("4 ranks", 4, {"turns": [[64, 64] + [4] * 8] * 4, "hybrid": True})
 SMOKE_GEOMETRY = {"layers": 1, "heads": 1, "dim": 16, "mamba_layers": 1, "mamba_heads": 1, "mamba_dim": 8,
                   "index_layers": 1, "index_width": 16}  # fmt: skip
-SMOKE_PATTERNS = {"kv chunks": {"ops": [130], "hybrid": False}, "hybrid": {"ops": [130], "hybrid": True},
-                  "small": {"ops": [4] * 3, "hybrid": True}}  # fmt: skip
-SMOKE_RANKS = ("2 ranks", 2, {"ops": [4, 4], "hybrid": True})
+SMOKE_PATTERNS = {"kv chunks": {"turns": [[130]], "hybrid": False}, "hybrid": {"turns": [[130]], "hybrid": True},
+                  "small": {"turns": [[4], [4, 4]], "hybrid": True}}  # fmt: skip
+SMOKE_RANKS = ("2 ranks", 2, {"turns": [[4], [4]], "hybrid": True})
+READ_TURNS, SMOKE_READ_TURNS = 4, 2  # each tree's reads: its 128-page batches in this many turns
+REPLY_SECONDS = 900  # a worker's import and pool set-up, or one turn, never takes this long
+# A pause before every turn. This disk serves bursts from a budget: reads ran at about 1 GB/s for some 750 MB, and the
+# next turn at 170-410 MB/s, whichever tree it was (2026-12-06); about a second idle refills what a turn spends. With
+# the pause, every turn starts from the same rested disk, instead of the last turns paying for the first.
+SETTLE_S = 1.0
 
 
 def trees() -> dict[str, Path]:
@@ -77,52 +88,59 @@ def trees() -> dict[str, Path]:
     return {"parent": parent, "patched": patched}
 
 
-def launch(tree: Path, work: Path, spec: dict) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, str(WORKER), str(tree), str(work), json.dumps(spec)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})  # fmt: skip
-    LAUNCHED.append(proc)
-    return proc
+class Worker:
+    """One rank's process of one tree: JSON commands on its stdin, one JSON reply each from its stdout."""
+
+    def __init__(self, tree: Path, work: Path, spec: dict, what: str) -> None:
+        self.what, self.lines = what, queue.Queue()
+        self.err = tempfile.TemporaryFile("w+")  # noqa: SIM115 (the process's stderr until stop)
+        self.proc = subprocess.Popen([sys.executable, str(WORKER), str(tree), str(work), json.dumps(spec)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True,
+                                     env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})  # fmt: skip
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                self.lines.put(json.loads(line))
+        self.lines.put(None)
+
+    def send(self, **command) -> None:
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+
+    def reply(self) -> dict:
+        try:
+            out = self.lines.get(timeout=REPLY_SECONDS)
+        except queue.Empty:
+            out = None
+        if out is None:
+            self.err.seek(0)
+            raise SystemExit(f"{self.what}: worker failed or hung\n{self.err.read()[-3000:]}")
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.err.close()
 
 
-LAUNCHED: list[subprocess.Popen] = []
+def ask(workers: list[Worker], **command) -> list[dict]:
+    """One command to every rank at once (a concurrent pattern's ranks start together), then every reply."""
+    for w in workers:
+        w.send(**command)
+    return [w.reply() for w in workers]
 
 
-def collect(proc: subprocess.Popen, what: str) -> list[dict]:
-    out, err = proc.communicate()
-    if proc.returncode:
-        for other in LAUNCHED:  # its sibling ranks would wait for it at their barrier
-            if other.poll() is None:
-                other.kill()
-        raise SystemExit(f"{what}: worker failed\n{err[-3000:]}")
-    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    for r in rows:
-        if "pages" in r and not (r["written_pages"] == r["read_pages"] == r["pages"] and r["same"]):
-            raise SystemExit(f"{what}: pages did not write or read back: {r}")
-    return rows
-
-
-def specs(name: str, pattern: dict, ranks: int, geometry: dict, startup_files: int) -> list[dict]:
-    """The worker specs of one pattern: one process, or one per rank of a concurrent pattern."""
-    base = {"parent_sync": True, "geometry": geometry, "startup_files": 0}
-    if ranks == 1:
-        return [{**base, "startup_files": startup_files, "patterns": [{"name": name, **pattern}]}]
-    return [{**base, "patterns": [{"name": name, "rank": r, "ranks": ranks, **pattern}]} for r in range(ranks)]
-
-
-def rates(rows: list[dict]) -> dict[str, dict]:
-    """{pattern: {"write_Bps", "read_Bps"}} (+ "startup"): the KV payload of all ranks over the span from the first
-    rank's first queued operation to the last rank's last ack, and over the slowest rank's reads."""
-    out: dict[str, dict] = {}
-    for name in dict.fromkeys(r["name"] for r in rows):
-        mine = [r for r in rows if r["name"] == name]
-        if name == "startup":
-            out[name] = mine[0]
-            continue
-        total = sum(r["kv_bytes"] for r in mine)
-        span = max(r["write"][1] for r in mine) - min(r["write"][0] for r in mine)
-        out[name] = {"write_Bps": total / span, "read_Bps": total / max(r["read_s"] for r in mine)}
-    return out
+def launch(tree_name: str, tree: Path, work: Path, smoke: bool) -> list[Worker]:
+    """A tree's ranks: rank 0 holds every single-process pattern and rank 0 of the concurrent one."""
+    *single, (label, pattern, n, geometry) = jobs(smoke)
+    reads = {"read_turns": SMOKE_READ_TURNS if smoke else READ_TURNS}
+    ranks = [[{"name": label, "rank": r, "ranks": n, "geometry": geometry, **pattern, **reads}] for r in range(n)]
+    ranks[0] = [{"name": name, "geometry": g, **p, **reads} for name, p, _, g in single] + ranks[0]
+    return [Worker(tree, work, {"parent_sync": True, "patterns": patterns}, f"{tree_name} rank {r}")
+            for r, patterns in enumerate(ranks)]  # fmt: skip
 
 
 def jobs(smoke: bool) -> list[tuple[str, dict, int, dict]]:
@@ -132,54 +150,80 @@ def jobs(smoke: bool) -> list[tuple[str, dict, int, dict]]:
     return [(name, p, 1, geometry) for name, p in patterns.items()] + [(label, pattern, n, rank_geometry)]
 
 
-def smoke_run(sources: dict[str, Path], work: Path, startup_files: int) -> dict[str, list[dict]]:
-    """Nothing is measured: every process of both trees at once, and one process per tree runs every single-process
-    pattern and rank 0 of the concurrent one (each interpreter's sglang import is most of the smoke's CPU)."""
-    *single, (label, pattern, n, geometry) = jobs(smoke=True)
-    procs = {}
-    for tree_name, tree in sources.items():
-        first = {"parent_sync": True, "geometry": geometry, "startup_files": startup_files,
-                 "patterns": [{"name": name, **p} for name, p, _, _ in single]}  # fmt: skip
-        ranks = specs(label, pattern, n, geometry, 0)
-        first["patterns"] += ranks.pop(0)["patterns"]
-        procs[tree_name] = [launch(tree, work / tree_name, spec) for spec in [first, *ranks]]
-    return {name: [rates([r for p in ps for r in collect(p, name)])] for name, ps in procs.items()}
+def schedule(order: list[str], turns: int) -> list[tuple[int, str]]:
+    """(turn, tree) in the order they run: A B, B A, A B, ... Each tree's turns sit right beside the other's, so a
+    drift of the disk (it changes speed within seconds here) reaches both alike; the pairs' order cancels a linear
+    one."""
+    return [(t, name) for t in range(turns) for name in (order if t % 2 == 0 else order[::-1])]
+
+
+def measure_pattern(workers: dict[str, list[Worker]], pattern: str, turns: int, reads: int, settle: float) -> dict:
+    """Both trees' writes turn by turn, every page durable and dropped from the page cache, then the reads turn by
+    turn: per tree, the KV payload over the turns' summed time (a turn: the first rank's first queued operation to
+    the last rank's last ack; the slowest rank's reads), and the CPU seconds its ranks spent per GB written. Every
+    turn starts after `settle` seconds idle."""
+    seconds = {name: {"write": 0.0, "read": 0.0, "cpu": 0.0, "bytes": 0} for name in workers}
+    for t, name in schedule(list(workers), turns):
+        time.sleep(settle)
+        replies = ask(workers[name], do="write", pattern=pattern, args=[t])
+        if any(r["written_pages"] != r["pages"] for r in replies):
+            raise SystemExit(f"{name} {pattern} turn {t}: not every page was written: {replies}")
+        seconds[name]["write"] += max(r["end"] for r in replies) - min(r["start"] for r in replies)
+        seconds[name]["cpu"] += sum(r["cpu_s"] for r in replies)
+        seconds[name]["bytes"] += sum(r["kv_bytes"] for r in replies)
+    for ranks in workers.values():
+        ask(ranks, do="drop", pattern=pattern)
+    for t, name in schedule(list(workers), reads):
+        time.sleep(settle)
+        replies = ask(workers[name], do="read", pattern=pattern, args=[t])
+        if not all(r["read_pages"] == r["pages"] and r["same"] for r in replies):
+            raise SystemExit(f"{name} {pattern} turn {t}: pages did not read back: {replies}")
+        seconds[name]["read"] += max(r["read_s"] for r in replies)
+    return {name: {"write_Bps": s["bytes"] / s["write"], "read_Bps": s["bytes"] / s["read"],
+                   "write_cpu_s_per_GB": s["cpu"] / s["bytes"] * 1e9} for name, s in seconds.items()}  # fmt: skip
+
+
+def measure_run(fleet: dict[str, list[Worker]], run_index: int, startup_files: int, smoke: bool) -> dict:
+    """One run: every pattern on both trees; which tree is A alternates across patterns and runs."""
+    names = list(fleet)
+    for ranks in fleet.values():
+        for w in ranks:
+            w.reply()  # ready: its patterns built
+    out: dict[str, dict] = {name: {} for name in names}
+    for name in names if startup_files else []:
+        out[name]["startup"] = ask(fleet[name][:1], do="startup", files=startup_files)[0]
+    for k, (pattern, spec, n, _) in enumerate(jobs(smoke)):
+        order = names if (run_index + k) % 2 == 0 else names[::-1]
+        reads, settle = (SMOKE_READ_TURNS, 0.0) if smoke else (READ_TURNS, SETTLE_S)
+        figures = measure_pattern({name: fleet[name][:n] for name in order}, pattern, len(spec["turns"]), reads, settle)
+        for name in names:
+            out[name][pattern] = figures[name]
+    for ranks in fleet.values():
+        ask(ranks, do="end")
+    return out
 
 
 def run(directory: str | None, repeat: int, startup_files: int, smoke: bool) -> dict[str, list[dict]]:
-    """Every pattern in every run on both trees, each pattern in processes of its own, as A B B A: each tree twice,
-    its rate over both halves. This disk's speed drifts within seconds (a virtual disk's burst allowance, mounted
-    with ``discard``); an A B B A quadruple cancels a linear drift, where one A B pair handed it to whichever tree
-    ran first. Which tree is A alternates across patterns and runs."""
+    """``repeat`` runs, each with fresh processes of both trees (one per rank) alive at once, idle but for their
+    turns: the trees take turns at each pattern, A B B A A B ..., on the same disk seconds apart. Before, each tree
+    ran a pattern in processes of its own, A B B A over whole patterns; this disk's speed changed more between
+    those halves (a virtual disk with ``discard``, whose rate fell from 1,350 to 750 MB/s within a minute of
+    writing, and often doubled after a pause) than the trees differ."""
     sources = trees()
-    runs: dict[str, list[dict]] = {name: [{} for _ in range(repeat)] for name in sources}
-    with tempfile.TemporaryDirectory(dir=directory, prefix="qhc-file-tier-") as tmp:
-        if smoke:
-            return smoke_run(sources, Path(tmp), startup_files)
-        for i in range(repeat):
-            for k, (name, pattern, n, geometry) in enumerate(jobs(smoke=False)):
-                order = list(sources.items()) if (i + k) % 2 == 0 else list(reversed(sources.items()))
-                halves: dict[str, list[dict]] = {tree_name: [] for tree_name in sources}
-                for h, (tree_name, tree) in enumerate(order + order[::-1]):
-                    work = Path(tmp) / f"{tree_name}-{i}-{k}-{h}"
-                    first = startup_files if i == k == 0 and h < 2 else 0  # each tree's first half
-                    procs = [launch(tree, work, spec) for spec in specs(name, pattern, n, geometry, first)]
-                    halves[tree_name].append(rates([r for p in procs for r in collect(p, f"{tree_name} {name}")]))
-                    shutil.rmtree(work, ignore_errors=True)
-                    os.sync()  # the deletes' discards and journal land here, not on the next half's writes
-                for tree_name, parts in halves.items():
-                    runs[tree_name][i].update(combine(parts))
+    runs: dict[str, list[dict]] = {name: [] for name in sources}
+    for i in range(repeat):
+        with tempfile.TemporaryDirectory(dir=directory, prefix="qhc-file-tier-") as tmp:
+            fleet = {name: launch(name, tree, Path(tmp) / name, smoke) for name, tree in sources.items()}
+            try:
+                figures = measure_run(fleet, i, startup_files if i == 0 else 0, smoke)
+            finally:
+                for ranks in fleet.values():
+                    for w in ranks:
+                        w.stop()
+        os.sync()  # the deletes' discards land here, not on the next run's writes
+        for name in sources:
+            runs[name].append(figures[name])
     return runs
-
-
-def combine(parts: list[dict[str, dict]]) -> dict[str, dict]:
-    """One rate per pattern over equal-sized halves: total bytes over total time, the harmonic mean of their rates;
-    a startup figure is kept from the half that measured it."""
-    out = {name: figures for part in parts for name, figures in part.items() if name == "startup"}
-    for name in {name for part in parts for name in part} - {"startup"}:
-        halves = [part[name] for part in parts]
-        out[name] = {key: statistics.harmonic_mean([h[key] for h in halves]) for key in halves[0]}
-    return out
 
 
 def _spread(values: list[float], fmt: str) -> str:
@@ -191,7 +235,7 @@ def report(runs: dict[str, list[dict]]) -> tuple[list[str], list[str]]:
     par, pat = runs["parent"], runs["patched"]
     names = [k for k in par[0] if k != "startup"]
     lines = [f"{len(par)} run(s); MB/s of KV payload, min/median/max; ratio = patched / (parent + the same "
-             "syncs), paired by run",
+             "syncs), paired by run; cpu: the ranks' CPU seconds per GB written (user + system)",
              f"{'pattern':12} {'op':5} {'parent + syncs':>20} {'patched':>20} {'ratio':>17} {'target':>9}"]  # fmt: skip
     missed = []
     for name in names:
@@ -207,6 +251,10 @@ def report(runs: dict[str, list[dict]]) -> tuple[list[str], list[str]]:
                     f"{name} {op}: {sum(r < TARGETS[op] for r in ratios)} of {len(ratios)} runs below "
                     f"{TARGETS[op]:.2f}x (min {min(ratios):.2f}x)"
                 )
+        a, b = ([r[name]["write_cpu_s_per_GB"] for r in runs_] for runs_ in (par, pat))
+        ratios = [y / x for x, y in zip(a, b, strict=True)]
+        lines.append(f"{name:12} {'cpu':5} {_spread(a, '.2f'):>20} {_spread(b, '.2f'):>20} "
+                     f"{_spread(ratios, '.2f'):>17} {'s/GB':>9}")  # fmt: skip
     if "startup" in par[0]:
         a, b = par[0]["startup"], pat[0]["startup"]
         lines.append(f"{'startup s (cap on)':30} {a['startup_s']:9.3f} {b['startup_s']:9.3f}  (< {STARTUP_LIMIT_S} s)")

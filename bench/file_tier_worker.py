@@ -1,21 +1,24 @@
-"""One process of bench/file_tier.py: the tree's own backup thread writing one pattern, then the reads.
+"""One rank of bench/file_tier.py: the tree's own backup thread writing its patterns, turn by turn, then the reads.
 
-    python bench/file_tier_worker.py TREE WORKDIR SPEC_JSON     # prints one JSON line per measurement
+    python bench/file_tier_worker.py TREE WORKDIR SPEC_JSON   # then JSON commands on stdin, one JSON reply each
 
 Runs in its own interpreter (one sglang tree per process) and imports the tree as the runtime does (the whole
 package; torchvision stubbed as tests/runtime/cpu_stub.py does: its wheel needs CUDA). What runs is the tree's
 code: its ``HiCacheController`` (KV only) or ``HybridCacheController`` (KV plus sidecars) backup thread, built as
 the probes build it (tests/runtime/file_tier_identity_probe.py: the attributes ``attach_storage_backend`` sets
 for the file backend), its host pools (``MHATokenToKVPoolHost`` page_first, ``QSAIndexerPoolHost``,
-``MambaPoolHost``) and its ``HiCacheFile``. Backup operations are queued at once, as a burst of finished
-requests queues them, and timed from the first queued to the last acknowledged.
+``MambaPoolHost``) and its ``HiCacheFile``. The process builds every pattern of its rank, prints ``ready``, then
+waits on stdin, so the bench decides when each turn runs and the other tree's idle ranks cost nothing meanwhile:
+``{"do": "write", "pattern": P, "args": [k]}`` queues turn k's backup operations at once, as a burst of finished
+requests queues them, and times them from the first queued to the last acknowledged; ``drop`` syncs and drops the
+pattern's files from the page cache (``POSIX_FADV_DONTNEED``); ``read`` reads turn k's KV pages back by the
+controller's own prefetch path (``_generic_page_get``, 128-page batches), checked equal; ``startup``, ``end``.
 
 The parent never syncs, so its pages are not durable when it acknowledges; with ``parent_sync`` the worker
 wraps the parent's ``_page_backup_or_log`` to end every operation with the one ``syncfs`` the patched tree
 makes (patch 0006's group commit): "the parent plus the same syncs".
 
-Reads: every page file dropped from the page cache (``POSIX_FADV_DONTNEED`` after a sync), then the KV pages
-read back by the controller's own prefetch path (``_generic_page_get``, 128-page batches), checked equal.
+With ``{"restore": ...}`` it runs bench/restore_path.py's measurement instead and prints its one line.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import inspect
 import json
 import logging
 import os
+import resource
 import sys
 import threading
 import time
@@ -68,9 +72,7 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E40
 from sglang.srt.mem_cache.pool_host.qsa import QSAIndexerPoolHost  # noqa: E402
 
 PAGE = 64
-BARRIER_SECONDS = 600
 CHUNK = 128  # the controllers' STORAGE_BATCH_SIZE: prefetch reads in the same batches
-G = SPEC["geometry"]  # layers, heads, dim (KV); mamba_layers, mamba_heads, mamba_dim; index_layers, index_width
 
 
 def syncfs(path: Path) -> None:
@@ -91,8 +93,8 @@ def drop_cache(path: Path) -> None:
             os.close(fd)
 
 
-def kv_host(pages: int) -> MHATokenToKVPoolHost:
-    layers, heads, dim = G["layers"], G["heads"], G["dim"]
+def kv_host(g: dict, pages: int) -> MHATokenToKVPoolHost:
+    layers, heads, dim = g["layers"], g["heads"], g["dim"]
     # The device buffers only lend shapes and dtype to the host pool; one page of them is enough.
     k = tuple(torch.zeros(PAGE, heads, dim, dtype=torch.bfloat16) for _ in range(layers))
     v = tuple(torch.zeros(PAGE, heads, dim, dtype=torch.bfloat16) for _ in range(layers))
@@ -107,11 +109,11 @@ def kv_host(pages: int) -> MHATokenToKVPoolHost:
                                 host_token_capacity=PAGE * pages)  # fmt: skip
 
 
-def mamba_host(slots: int) -> MambaPoolHost:
-    layers = G["mamba_layers"]
+def mamba_host(g: dict, slots: int) -> MambaPoolHost:
+    layers = g["mamba_layers"]
     info = MambaStateBufferInfo(
-        temporal=torch.zeros(layers, slots, G["mamba_heads"], G["mamba_dim"], G["mamba_dim"], dtype=torch.float32),
-        conv=(torch.zeros(layers, slots, 8 * G["mamba_heads"], 3, dtype=torch.bfloat16),),
+        temporal=torch.zeros(layers, slots, g["mamba_heads"], g["mamba_dim"], g["mamba_dim"], dtype=torch.float32),
+        conv=(torch.zeros(layers, slots, 8 * g["mamba_heads"], 3, dtype=torch.bfloat16),),
         extra_checkpoint_buffers=(torch.zeros(slots, 3, 5, dtype=torch.bfloat16),
                                   torch.zeros(slots, 7, dtype=torch.int32)),
     )  # fmt: skip
@@ -120,12 +122,12 @@ def mamba_host(slots: int) -> MambaPoolHost:
     return MambaPoolHost(info, 1.0, 0, device_capacity=slots, pin_memory=False, layout="page_first", **sized)
 
 
-def qsa_host(anchor: MHATokenToKVPoolHost) -> QSAIndexerPoolHost:
+def qsa_host(g: dict, anchor: MHATokenToKVPoolHost) -> QSAIndexerPoolHost:
     ratio = 4
     device = SimpleNamespace(
         qsa_compress_ratio=ratio,
-        qsa_compressed_k_buffer_pool=[torch.zeros(PAGE // ratio, G["index_width"], dtype=torch.uint8)
-                                      for _ in range(G["index_layers"])],
+        qsa_compressed_k_buffer_pool=[torch.zeros(PAGE // ratio, g["index_width"], dtype=torch.uint8)
+                                      for _ in range(g["index_layers"])],
     )  # fmt: skip
     return QSAIndexerPoolHost(device, anchor)
 
@@ -152,30 +154,15 @@ def controller(hybrid: bool, backend: hs.HiCacheFile, pools: dict) -> HiCacheCon
     return ctrl
 
 
-def wait_for(t: float) -> None:
-    while (left := t - time.time()) > 0:
-        time.sleep(min(left, 0.05))
-
-
-def barrier(work: Path, name: str, rank: int, ranks: int) -> None:
-    """All ranks of a concurrent pattern reach `name` before any goes on (files in the shared work dir)."""
-    (work / f".{name}-{rank}").touch()
-    deadline = time.monotonic() + BARRIER_SECONDS
-    while sum((work / f".{name}-{r}").exists() for r in range(ranks)) < ranks:
-        if time.monotonic() > deadline:  # a sibling died: never wait (and hold its memory) forever
-            raise SystemExit(f"rank {rank}: the other ranks did not reach {name!r} in {BARRIER_SECONDS} s")
-        time.sleep(0.01)
-
-
-def host_pools(backend: hs.HiCacheFile, pages: int, mamba_slots: int | None) -> dict:
+def host_pools(backend: hs.HiCacheFile, g: dict, pages: int, mamba_slots: int | None) -> dict:
     """The KV host pool of `pages` pages and, with `mamba_slots`, the QSA index and Mamba pools registered with the
     backend as sidecars. The pools' own budget (as the runtime probes set it): the machine's free memory, which other
     jobs share, must not decide whether a few hundred MiB of pools may be allocated."""
     with host_memory_budget_scope(8 << 30):
-        kv = kv_host(pages)
+        kv = kv_host(g, pages)
         pools = {hs.PoolName.KV: kv}
         if mamba_slots:
-            pools[hs.PoolName.INDEXER], pools[hs.PoolName.MAMBA] = qsa_host(kv), mamba_host(mamba_slots)
+            pools[hs.PoolName.INDEXER], pools[hs.PoolName.MAMBA] = qsa_host(g, kv), mamba_host(g, mamba_slots)
     for name in (hs.PoolName.INDEXER, hs.PoolName.MAMBA):
         if name in pools:
             backend.register_mem_host_pool_v2(pools[name], name)
@@ -201,78 +188,117 @@ def sidecars(span: list[str], slot: int) -> list[hs.PoolTransfer]:
                             hit_policy=hs.PoolHitPolicy.TRAILING_PAGES)]  # fmt: skip
 
 
-def back_up(ctrl: HiCacheController, operations: list[tuple]) -> tuple[float, float, list]:
-    """Queue every (host indices, keys, sidecars or None) operation at once, then run the backup thread until each
-    is acknowledged: (first queued, last acknowledged, the acknowledged operations)."""
-    thread = threading.Thread(target=ctrl.backup_thread_func, daemon=True)
+def queue_and_wait(ctrl: HiCacheController, operations: list[tuple]) -> tuple[float, float, list]:
+    """Queue every (host indices, keys, sidecars or None) operation at once, as a burst of finished requests queues
+    them, and wait until the running backup thread acknowledges each: (first queued, last acknowledged, the acks)."""
     start = time.time()
     for host, span, extra in operations:
         if extra is None:
             ctrl.write_storage(host, [], hash_value=span)
         else:
             ctrl.write_storage(host, [], hash_value=span, extra_pools=extra)
-    thread.start()
     acked = [ctrl.ack_backup_queue.get(timeout=600) for _ in operations]
-    end = time.time()
-    ctrl.storage_stop_event.set()
-    thread.join()
-    return start, end, acked
+    return start, time.time(), acked
 
 
-def pattern(spec: dict) -> dict:
-    ops, hybrid, rank, ranks = spec["ops"], spec["hybrid"], spec.get("rank", 0), spec.get("ranks", 1)
-    work = WORK / spec["name"]
-    pages_dir = work / "pages"
-    pages_dir.mkdir(parents=True, exist_ok=True)
-    backend = store(pages_dir, rank, ranks)
-    patched = hasattr(backend, "group_commit")
-    host_pages = max(ops)
-    pools = host_pools(backend, host_pages, len(ops) if hybrid else None)
-    kv = pools[hs.PoolName.KV]
-    reference = fill(kv, host_pages, seed=rank)
-    ctrl = controller(hybrid, backend, pools)
-    if spec["parent_sync"] and not patched:
-        inner = ctrl._page_backup_or_log
+def back_up(ctrl: HiCacheController, operations: list[tuple]) -> tuple[float, float, list]:
+    """queue_and_wait on a backup thread of its own, stopped after."""
+    thread = threading.Thread(target=ctrl.backup_thread_func, daemon=True)
+    thread.start()
+    try:
+        return queue_and_wait(ctrl, operations)
+    finally:
+        ctrl.storage_stop_event.set()
+        thread.join()
 
-        def backup_then_sync(operation):  # the one sync per operation the patched tree makes
-            inner(operation)
-            syncfs(pages_dir)
 
-        ctrl._page_backup_or_log = backup_then_sync
-    keys = [[f"{op:08x}{i:056x}" for i in range(n)] for op, n in enumerate(ops)]
-    operations = [(torch.arange(0, n * PAGE, dtype=torch.int64), span, sidecars(span, op) if hybrid else None)
-                  for op, (n, span) in enumerate(zip(ops, keys, strict=True))]  # fmt: skip
-    syncfs(pages_dir)
-    if ranks > 1:
-        barrier(work, "write", rank, ranks)
-    start, end, acked = back_up(ctrl, operations)
-    written = sum(op.completed_tokens for op in acked) // PAGE
-    syncfs(pages_dir)
-    if ranks > 1:
-        barrier(work, "read", rank, ranks)  # every rank's files are written before any is dropped
-    drop_cache(pages_dir)
-    if ranks > 1:
-        barrier(work, "dropped", rank, ranks)
-    blank = torch.zeros_like(reference[0])
-    request = SimpleNamespace(request_id=0, is_terminated=lambda: False)
-    got, same, read_s = 0, True, 0.0
-    for n, span in zip(ops, keys, strict=True):
-        for i in range(0, n, CHUNK):
-            batch = span[i : i + CHUNK]
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class Pattern:
+    """One pattern in one rank: its HiCacheFile, host pools and controller, written and read turn by turn as the
+    bench asks. ``turns`` lists each turn's operations (page counts); every operation writes the same host pages."""
+
+    def __init__(self, spec: dict, parent_sync: bool) -> None:
+        self.turns, hybrid = spec["turns"], spec["hybrid"]
+        self.rank, ranks = spec.get("rank", 0), spec.get("ranks", 1)
+        self.pages_dir = WORK / spec["name"] / "pages"
+        self.pages_dir.mkdir(parents=True, exist_ok=True)
+        self.backend = store(self.pages_dir, self.rank, ranks)
+        ops = [n for turn in self.turns for n in turn]
+        self.pools = host_pools(self.backend, spec["geometry"], max(ops), len(ops) if hybrid else None)
+        self.kv = self.pools[hs.PoolName.KV]
+        self.reference = fill(self.kv, max(ops), seed=self.rank)
+        self.page_bytes = self.reference[0].numel() * self.reference[0].element_size()
+        self.ctrl = controller(hybrid, self.backend, self.pools)
+        if parent_sync and not self.patched:
+            inner, pages_dir = self.ctrl._page_backup_or_log, self.pages_dir
+
+            def backup_then_sync(operation):  # the one sync per operation the patched tree makes
+                inner(operation)
+                syncfs(pages_dir)
+
+            self.ctrl._page_backup_or_log = backup_then_sync
+        keys = [[f"{op:08x}{i:056x}" for i in range(n)] for op, n in enumerate(ops)]
+        self.operations = [(torch.arange(0, n * PAGE, dtype=torch.int64), span, sidecars(span, op) if hybrid else None)
+                           for op, (n, span) in enumerate(zip(ops, keys, strict=True))]  # fmt: skip
+        # Reads go in `read_turns` turns of consecutive 128-page batches (the prefetch path's), however the writes went.
+        batches = [(i, span[i : i + CHUNK]) for _, span, _ in self.operations for i in range(0, len(span), CHUNK)]
+        n = spec["read_turns"]
+        self.read_turns = [batches[len(batches) * t // n : len(batches) * (t + 1) // n] for t in range(n)]
+        self.thread = threading.Thread(target=self.ctrl.backup_thread_func, daemon=True)
+        syncfs(self.pages_dir)
+
+    @property
+    def patched(self) -> bool:
+        return hasattr(self.backend, "group_commit")
+
+    def _turn(self, turn: int) -> list[tuple]:
+        first = sum(len(t) for t in self.turns[:turn])
+        return self.operations[first : first + len(self.turns[turn])]
+
+    def write(self, turn: int) -> dict:
+        if not self.thread.is_alive():
+            self.thread.start()
+        operations = self._turn(turn)
+        cpu = cpu_seconds()
+        start, end, acked = queue_and_wait(self.ctrl, operations)
+        pages = sum(len(span) for _, span, _ in operations)
+        return {"start": start, "end": end, "cpu_s": cpu_seconds() - cpu, "kv_bytes": pages * self.page_bytes,
+                "pages": pages, "written_pages": sum(op.completed_tokens for op in acked) // PAGE}  # fmt: skip
+
+    def drop(self) -> dict:
+        """Every page durable, then out of the page cache: the reads come from the disk."""
+        syncfs(self.pages_dir)
+        drop_cache(self.pages_dir)
+        return {"dropped": True}
+
+    def read(self, turn: int) -> dict:
+        """Read turn `turn`'s KV pages through the controller's prefetch path (128-page batches), checked equal."""
+        blank = torch.zeros_like(self.reference[0])
+        request = SimpleNamespace(request_id=0, is_terminated=lambda: False)
+        got, pages, same, seconds = 0, 0, True, 0.0
+        for first, batch in self.read_turns[turn]:  # the batch's pages were written from host pages first, ...
+            pages += len(batch)
             for j in range(len(batch)):
-                kv.set_from_flat_data_page(j * PAGE, blank)
+                self.kv.set_from_flat_data_page(j * PAGE, blank)
             host = torch.arange(0, len(batch) * PAGE, dtype=torch.int64)
             t = time.perf_counter()
-            got += ctrl._generic_page_get(request, batch, host)
-            read_s += time.perf_counter() - t
-            same = same and all(torch.equal(kv.get_data_page(j * PAGE, flat=True), reference[i + j])
+            got += self.ctrl._generic_page_get(request, batch, host)
+            seconds += time.perf_counter() - t
+            same = same and all(torch.equal(self.kv.get_data_page(j * PAGE, flat=True), self.reference[first + j])
                                 for j in range(len(batch)))  # fmt: skip
-    payload = sum(ops) * kv.get_dummy_flat_data_page().numel() * kv.get_dummy_flat_data_page().element_size()
-    return {"name": spec["name"], "rank": rank, "patched": patched, "pages": sum(ops), "written_pages": written,
-            "read_pages": got, "same": same, "kv_bytes": payload,
-            "disk_bytes": sum(f.stat().st_size for f in pages_dir.iterdir()),
-            "files": sum(1 for _ in pages_dir.iterdir()),
-            "write": [start, end], "read_s": read_s}  # fmt: skip
+        return {"read_s": seconds, "pages": pages, "read_pages": got, "same": same}
+
+    def close(self) -> dict:
+        self.ctrl.storage_stop_event.set()
+        if self.thread.is_alive():
+            self.ctrl.backup_queue.put(None)
+            self.thread.join()
+        files = list(self.pages_dir.iterdir())
+        return {"patched": self.patched, "files": len(files), "disk_bytes": sum(f.stat().st_size for f in files)}
 
 
 def startup(files: int) -> dict:
@@ -290,7 +316,7 @@ def startup(files: int) -> dict:
     return {"name": "startup", "startup_s": seconds, "tmp_left": sum(n.endswith(".tmp") for n in os.listdir(crowd))}
 
 
-def restore(spec: dict) -> dict:
+def restore(spec: dict, g: dict) -> dict:
     """One request's disk hit (``pages`` KV pages, their QSA index sidecars, the Mamba state of the last) written by
     the tree's backup thread, then read back, page cache dropped before each read, ``repeat`` times each way: by the
     hybrid controller's own ``_page_transfer`` of a ``PrefetchOperation`` (``_generic_page_get`` in 128-page
@@ -299,7 +325,7 @@ def restore(spec: dict) -> dict:
     pages, work = spec["pages"], WORK / "restore"
     (work / "pages").mkdir(parents=True)
     backend = store(work / "pages", 0, 1)
-    pools = host_pools(backend, pages, mamba_slots=2)
+    pools = host_pools(backend, g, pages, mamba_slots=2)
     fill(pools[hs.PoolName.KV], pages, seed=0)
     keys, host = [f"{i:064x}" for i in range(pages)], torch.arange(0, pages * PAGE, dtype=torch.int64)
     ctrl = controller(True, backend, pools)
@@ -336,10 +362,24 @@ def restore(spec: dict) -> dict:
     return out
 
 
+def serve(spec: dict) -> None:
+    """Build this rank's patterns, say so, then answer the bench's commands (stdin), one JSON line each (stdout)."""
+    patterns = {p["name"]: Pattern(p, spec["parent_sync"]) for p in spec["patterns"]}
+    print(json.dumps({"ready": sorted(patterns)}), flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["do"] == "end":
+            print(json.dumps({name: p.close() for name, p in patterns.items()}), flush=True)
+            return
+        if cmd["do"] == "startup":
+            out = startup(cmd["files"])
+        else:  # write / read (a turn), drop
+            out = getattr(patterns[cmd["pattern"]], cmd["do"])(*cmd.get("args", []))
+        print(json.dumps(out), flush=True)
+
+
 if __name__ == "__main__":
     if "restore" in SPEC:
-        print(json.dumps(restore(SPEC["restore"])), flush=True)
-    for item in SPEC.get("patterns", []):
-        print(json.dumps(pattern({**item, "parent_sync": SPEC["parent_sync"]})), flush=True)
-    if SPEC.get("startup_files"):
-        print(json.dumps(startup(SPEC["startup_files"])), flush=True)
+        print(json.dumps(restore(SPEC["restore"], SPEC["geometry"])), flush=True)
+    else:
+        serve(SPEC)

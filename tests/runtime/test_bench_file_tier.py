@@ -22,10 +22,9 @@ def test_file_tier_bench_smoke(wheel: Path, tmp_path: Path):
     assert "stale .tmp left after startup          2         0" in proc.stdout  # the parent never sweeps
 
 
-def test_a_runs_rate_is_total_bytes_over_total_time_of_its_halves():
+def test_the_trees_take_turns_a_b_b_a():
     sys.path.insert(0, str(REPO / "bench"))
-    from file_tier import combine
+    from file_tier import schedule
 
-    halves = [{"p": {"write_Bps": 100.0, "read_Bps": 300.0}, "startup": {"startup_s": 0.1}},
-              {"p": {"write_Bps": 300.0, "read_Bps": 300.0}}]  # fmt: skip
-    assert combine(halves) == {"p": {"write_Bps": 150.0, "read_Bps": 300.0}, "startup": {"startup_s": 0.1}}
+    assert schedule(["a", "b"], 4) == [(0, "a"), (0, "b"), (1, "b"), (1, "a"), (2, "a"), (2, "b"), (3, "b"), (3, "a")]
+    assert schedule(["b", "a"], 1) == [(0, "b"), (0, "a")]
