@@ -136,7 +136,7 @@ def ask(workers: list[Worker], **command) -> list[dict]:
 def launch(tree_name: str, tree: Path, work: Path, smoke: bool) -> list[Worker]:
     """A tree's ranks: rank 0 holds every single-process pattern and rank 0 of the concurrent one."""
     *single, (label, pattern, n, geometry) = jobs(smoke)
-    reads = {"read_turns": SMOKE_READ_TURNS if smoke else READ_TURNS}
+    reads = {"read_turns": read_turns(smoke)}
     ranks = [[{"name": label, "rank": r, "ranks": n, "geometry": geometry, **pattern, **reads}] for r in range(n)]
     ranks[0] = [{"name": name, "geometry": g, **p, **reads} for name, p, _, g in single] + ranks[0]
     return [Worker(tree, work, {"parent_sync": True, "patterns": patterns}, f"{tree_name} rank {r}")
@@ -148,6 +148,10 @@ def jobs(smoke: bool) -> list[tuple[str, dict, int, dict]]:
     patterns, (label, n, pattern) = (SMOKE_PATTERNS, SMOKE_RANKS) if smoke else (PATTERNS, RANKS)
     geometry, rank_geometry = (SMOKE_GEOMETRY, SMOKE_GEOMETRY) if smoke else (GEOMETRY, RANK_GEOMETRY)
     return [(name, p, 1, geometry) for name, p in patterns.items()] + [(label, pattern, n, rank_geometry)]
+
+
+def read_turns(smoke: bool) -> int:
+    return SMOKE_READ_TURNS if smoke else READ_TURNS
 
 
 def schedule(order: list[str], turns: int) -> list[tuple[int, str]]:
@@ -172,7 +176,7 @@ def measure_pattern(workers: dict[str, list[Worker]], pattern: str, turns: int, 
         seconds[name]["cpu"] += sum(r["cpu_s"] for r in replies)
         seconds[name]["bytes"] += sum(r["kv_bytes"] for r in replies)
     for ranks in workers.values():
-        ask(ranks, do="drop", pattern=pattern)
+        ask(ranks[:1], do="drop", pattern=pattern)  # the ranks share one directory: one sync and drop for all
     for t, name in schedule(list(workers), reads):
         time.sleep(settle)
         replies = ask(workers[name], do="read", pattern=pattern, args=[t])
@@ -194,8 +198,9 @@ def measure_run(fleet: dict[str, list[Worker]], run_index: int, startup_files: i
         out[name]["startup"] = ask(fleet[name][:1], do="startup", files=startup_files)[0]
     for k, (pattern, spec, n, _) in enumerate(jobs(smoke)):
         order = names if (run_index + k) % 2 == 0 else names[::-1]
-        reads, settle = (SMOKE_READ_TURNS, 0.0) if smoke else (READ_TURNS, SETTLE_S)
-        figures = measure_pattern({name: fleet[name][:n] for name in order}, pattern, len(spec["turns"]), reads, settle)
+        settle = 0.0 if smoke else SETTLE_S
+        figures = measure_pattern({name: fleet[name][:n] for name in order}, pattern, len(spec["turns"]),
+                                  read_turns(smoke), settle)  # fmt: skip
         for name in names:
             out[name][pattern] = figures[name]
     for ranks in fleet.values():

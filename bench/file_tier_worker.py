@@ -222,15 +222,14 @@ class Pattern:
     bench asks. ``turns`` lists each turn's operations (page counts); every operation writes the same host pages."""
 
     def __init__(self, spec: dict, parent_sync: bool) -> None:
-        self.turns, hybrid = spec["turns"], spec["hybrid"]
-        self.rank, ranks = spec.get("rank", 0), spec.get("ranks", 1)
+        hybrid, rank = spec["hybrid"], spec.get("rank", 0)
         self.pages_dir = WORK / spec["name"] / "pages"
         self.pages_dir.mkdir(parents=True, exist_ok=True)
-        self.backend = store(self.pages_dir, self.rank, ranks)
-        ops = [n for turn in self.turns for n in turn]
+        self.backend = store(self.pages_dir, rank, spec.get("ranks", 1))
+        ops = [n for turn in spec["turns"] for n in turn]
         self.pools = host_pools(self.backend, spec["geometry"], max(ops), len(ops) if hybrid else None)
         self.kv = self.pools[hs.PoolName.KV]
-        self.reference = fill(self.kv, max(ops), seed=self.rank)
+        self.reference = fill(self.kv, max(ops), seed=rank)
         self.page_bytes = self.reference[0].numel() * self.reference[0].element_size()
         self.ctrl = controller(hybrid, self.backend, self.pools)
         if parent_sync and not self.patched:
@@ -242,27 +241,24 @@ class Pattern:
 
             self.ctrl._page_backup_or_log = backup_then_sync
         keys = [[f"{op:08x}{i:056x}" for i in range(n)] for op, n in enumerate(ops)]
-        self.operations = [(torch.arange(0, n * PAGE, dtype=torch.int64), span, sidecars(span, op) if hybrid else None)
-                           for op, (n, span) in enumerate(zip(ops, keys, strict=True))]  # fmt: skip
+        operations = iter([(torch.arange(0, n * PAGE, dtype=torch.int64), span, sidecars(span, op) if hybrid else None)
+                           for op, (n, span) in enumerate(zip(ops, keys, strict=True))])  # fmt: skip
+        self.write_turns = [[next(operations) for _ in turn] for turn in spec["turns"]]
         # Reads go in `read_turns` turns of consecutive 128-page batches (the prefetch path's), however the writes went.
-        batches = [(i, span[i : i + CHUNK]) for _, span, _ in self.operations for i in range(0, len(span), CHUNK)]
+        batches = [(i, span[i : i + CHUNK]) for turn in self.write_turns for _, span, _ in turn
+                   for i in range(0, len(span), CHUNK)]  # fmt: skip
         n = spec["read_turns"]
         self.read_turns = [batches[len(batches) * t // n : len(batches) * (t + 1) // n] for t in range(n)]
-        self.thread = threading.Thread(target=self.ctrl.backup_thread_func, daemon=True)
         syncfs(self.pages_dir)
+        self.thread = threading.Thread(target=self.ctrl.backup_thread_func, daemon=True)
+        self.thread.start()
 
     @property
     def patched(self) -> bool:
         return hasattr(self.backend, "group_commit")
 
-    def _turn(self, turn: int) -> list[tuple]:
-        first = sum(len(t) for t in self.turns[:turn])
-        return self.operations[first : first + len(self.turns[turn])]
-
     def write(self, turn: int) -> dict:
-        if not self.thread.is_alive():
-            self.thread.start()
-        operations = self._turn(turn)
+        operations = self.write_turns[turn]
         cpu = cpu_seconds()
         start, end, acked = queue_and_wait(self.ctrl, operations)
         pages = sum(len(span) for _, span, _ in operations)
@@ -294,9 +290,8 @@ class Pattern:
 
     def close(self) -> dict:
         self.ctrl.storage_stop_event.set()
-        if self.thread.is_alive():
-            self.ctrl.backup_queue.put(None)
-            self.thread.join()
+        self.ctrl.backup_queue.put(None)  # wakes the thread's queue wait
+        self.thread.join()
         files = list(self.pages_dir.iterdir())
         return {"patched": self.patched, "files": len(files), "disk_bytes": sum(f.stat().st_size for f in files)}
 
