@@ -36,6 +36,7 @@ SHIM = HERE / "shim"  # flash_attn stand-in (shim/flash_attn/__init__.py)
 ENGINE_PATH: list[str] = []  # extra PYTHONPATH entries for --engine-cmd (the CPU test's engine stand-in)
 ENGINE_CMD: list[str] = []  # replaces `python3 -m sglang.launch_server` (CPU test only)
 EXTRA_ARGS: list[str] = []  # appended to the spec's runtime.extraArgs (a run's condition, e.g. deterministic mode)
+DROP_ARGS: list[str] = []  # removed from the spec's runtime.extraArgs (e.g. --disable-cuda-graph: graphs on)
 LOG_LINES: list[str] = []
 SERVERS: list[Server] = []  # every server started, so a failed step can stop whatever it left running
 T0 = time.time()
@@ -71,8 +72,9 @@ def spec_file(
     doc["spec"]["runtime"]["tensorParallelSize"] = tp
     doc["spec"]["runtime"].update(runtime)
     doc["spec"]["hicache"].update(hicache or {})
-    doc["spec"]["runtime"]["extraArgs"] = doc["spec"]["runtime"].get("extraArgs", []) + EXTRA_ARGS
-    key = json.dumps([replicas, model, hicache, runtime, EXTRA_ARGS], sort_keys=True)
+    kept = [a for a in doc["spec"]["runtime"].get("extraArgs", []) if a not in DROP_ARGS]
+    doc["spec"]["runtime"]["extraArgs"] = kept + EXTRA_ARGS
+    key = json.dumps([replicas, model, hicache, runtime, EXTRA_ARGS, DROP_ARGS], sort_keys=True)
     tag = hashlib.sha256(key.encode()).hexdigest()[:8]
     path = work / f"spec-tp{tp}-{tag}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -883,6 +883,8 @@ def main() -> int:
     ap.add_argument("--note", action="append", default=[], help="a condition of this run, kept in stand_ins")
     ap.add_argument("--extra-arg", action="append", default=[],
                     help="appended to the spec's runtime.extraArgs, e.g. --extra-arg=--enable-deterministic-inference")
+    ap.add_argument("--cuda-graph", action="store_true",
+                    help="CUDA graphs on: --disable-cuda-graph taken out of the spec's runtime.extraArgs")
     ap.add_argument("--engine-cmd", default="", help="CPU test only: run this, not the rendered command")
     ap.add_argument("--engine-path", default="", help="CPU test only: PYTHONPATH entries for --engine-cmd")
     args = ap.parse_args()
@@ -893,6 +895,7 @@ def main() -> int:
         ap.error("--site and --out are required for a run")
     ep.ENGINE_CMD[:] = args.engine_cmd.split()
     ep.EXTRA_ARGS[:] = args.extra_arg
+    ep.DROP_ARGS[:] = ["--disable-cuda-graph"] if args.cuda_graph else []
     ep.ENGINE_PATH[:] = [p for p in args.engine_path.split(os.pathsep) if p]
     args.out.mkdir(parents=True, exist_ok=True)
     parts = set(args.parts.split(","))

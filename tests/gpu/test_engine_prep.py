@@ -139,6 +139,17 @@ def test_the_run_starts_the_command_line_the_operator_renders(tmp_path: Path) ->
     assert p2["argv"][p2["argv"].index("--tp-size") + 1] == "2" and p2["fingerprint"] != p["fingerprint"]
     p3 = engine_pod.plan(site, engine_pod.spec_file(tmp_path, 1, kvCacheDtype="bfloat16"), model, root, 31234)
     assert p3["fingerprint"] != p["fingerprint"]
+    engine_pod.DROP_ARGS[:] = ["--disable-cuda-graph"]  # run_engine.py --cuda-graph
+    try:
+        p4 = engine_pod.plan(site, engine_pod.spec_file(tmp_path, 1), model, root, 31234)
+    finally:
+        engine_pod.DROP_ARGS[:] = []
+
+    def bare(argv: list[str]) -> list[str]:
+        return [a for a in argv if a != "--disable-cuda-graph" and not a.startswith("--admin-api-key=")]
+
+    assert "--disable-cuda-graph" not in p4["argv"] and bare(p4["argv"]) == bare(p["argv"])
+    assert p4["fingerprint"] == p["fingerprint"]
 
 
 def _run(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
