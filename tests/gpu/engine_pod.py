@@ -59,6 +59,12 @@ def operator_cli(args: list[str], site: Path) -> str:
                           text=True, env=env).stdout  # fmt: skip
 
 
+def yaml_doc(path: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load(Path(path).read_text())
+
+
 def spec_file(
     work: Path, tp: int, replicas: int = 1, model: dict | None = None, hicache: dict | None = None, **runtime
 ) -> Path:

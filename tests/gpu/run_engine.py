@@ -563,8 +563,12 @@ def step_wide(args, st, report: dict) -> None:
     revision = model_dir.name + "-seed0"
     hicache = {"hostMemoryPerRankGB": args.wide_host_gb} if args.wide_host_gb else None
     spec = ep.spec_file(args.work, args.tp, model={"geometry": geometry, "revision": revision}, hicache=hicache)
+    # the cold process must start on an empty volume: a wide step earlier on the same warm machine wrote the same
+    # documents under the same fingerprint, and its files would serve this "cold" process from disk
+    shutil.rmtree(args.work / "hicache-wide", ignore_errors=True)
     p = ep.plan(args.site, spec, model_dir, args.work / "hicache-wide", 30003, args.host)
     wide["fingerprint"] = p["fingerprint"]
+    wide["extra_args"] = ep.yaml_doc(spec)["spec"]["runtime"].get("extraArgs", [])
     wide["host_kv_tokens"], wide["device_kv_tokens"] = (p["sizing"]["hostKVTokensPerRank"],
                                                         p["sizing"]["deviceKVTokensPerRank"])  # fmt: skip
     shim, window = profiler(args)
@@ -733,7 +737,7 @@ WIDE_KEYS = ("scale", "flat_router", "weight_bytes", "host_kv_tokens", "device_k
              "recompute_repeat", "disk_misses",
              "restore_steady_gbps", "switch_interval", "storage_hit_tokens_steady", "storage_hit_tokens",
              "tokens_identical", "prompts", "logits_max_abs_diff", "logprob_ids_max_abs_diff", "restore_gbps",
-             "disk_read_gbps", "restore_vs_disk")  # fmt: skip
+             "disk_read_gbps", "restore_vs_disk", "extra_args", "prefetch_wait_s", "ttft_after_prefetch_s")  # fmt: skip
 ROUTER_KEYS = ("replicas", "policy", "conversations", "landed_before", "landed_after", "stayed", "warm",
                "storage_tokens_after", "deferred_deletes")  # fmt: skip
 
@@ -806,8 +810,23 @@ def bench_record(report: dict) -> dict:
                      "storage_tokens_after": rt.get("storage_tokens_after"),
                      "deferred_deletes": rollout.get("deferred_deletes")} if rt else None  # fmt: skip
     wide = report.get("wide")
-    out["wide"] = {k: finite(wide.get(k)) for k in WIDE_KEYS} if wide else None
+    out["wide"] = {k: finite(wide.get(k)) for k in WIDE_KEYS} | hit_split(wide) if wide else None
     return out
+
+
+def hit_split(wide: dict) -> dict:
+    """Medians over the restarted process's disk hits: the prefetch wait (`meta_info`) and the rest of the TTFT,
+    which is a device hit's cost when the restore is exact."""
+    rows = [r for phase in ("disk_warm", "disk_steady") for r in _rows((wide.get("per_request") or {}).get(phase))]
+    rows = [r for r in rows if (r.get("cached") or {}).get("storage")]
+    waits = [(r.get("timing") or {}).get("storage_prefetch_wait") or 0.0 for r in rows]
+    return {"prefetch_wait_s": median(waits),
+            "ttft_after_prefetch_s": median([r["ttft_s"] - w for r, w in zip(rows, waits, strict=True)])}
+
+
+def _rows(v) -> list[dict]:
+    """The request rows of a per-request phase, however its turns are nested."""
+    return [v] if isinstance(v, dict) else [row for x in v or [] for row in _rows(x)]
 
 
 def finite(v):
@@ -817,9 +836,10 @@ def finite(v):
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
-def record(raw: list[Path]) -> dict:
+def record(raw: list[Path], notes: list[str] | None = None) -> dict:
     """Merge the call(s) of one run (a router call may come separately) into one object of bench/gpu_engine.json:
-    one per run (date and tp), so an earlier run's figures stay beside a later one's."""
+    one per run (date and tp), so an earlier run's figures stay beside a later one's; `notes`: the run's conditions
+    where its report does not hold them."""
     report: dict = {}
     for path in raw:
         part = json.loads(path.read_text())
@@ -827,6 +847,8 @@ def record(raw: list[Path]) -> dict:
         report.update({k: v for k, v in part.items() if v is not None})
         report["steps"] = steps
     rec = bench_record(report)
+    if notes:
+        rec["notes"] = notes
     runs = json.loads(BENCH_JSON.read_text()) if BENCH_JSON.exists() else []
     runs = [r for r in runs if (r.get("date"), r.get("tp")) != (rec["date"], rec["tp"])] + [rec]
     BENCH_JSON.write_text(json.dumps(sorted(runs, key=lambda r: (r["date"], r["tp"])), indent=1) + "\n")
@@ -880,7 +902,8 @@ def main() -> int:
     ap.add_argument("--fillers", type=int, default=48)
     ap.add_argument("--model-dir", type=Path, help="use this model directory instead of building the tiny one")
     ap.add_argument("--check-weights", action="store_true", help="load_weights check beside the cold start")
-    ap.add_argument("--note", action="append", default=[], help="a condition of this run, kept in stand_ins")
+    ap.add_argument("--note", action="append", default=[],
+                    help="a condition of this run, kept in stand_ins (with --record: the record's notes)")
     ap.add_argument("--extra-arg", action="append", default=[],
                     help="appended to the spec's runtime.extraArgs, e.g. --extra-arg=--enable-deterministic-inference")
     ap.add_argument("--cuda-graph", action="store_true",
@@ -889,7 +912,7 @@ def main() -> int:
     ap.add_argument("--engine-path", default="", help="CPU test only: PYTHONPATH entries for --engine-cmd")
     args = ap.parse_args()
     if args.record:
-        print(json.dumps(record(args.record), indent=1))
+        print(json.dumps(record(args.record, args.note), indent=1))
         return 0
     if not (args.site and args.out):
         ap.error("--site and --out are required for a run")

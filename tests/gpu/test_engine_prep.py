@@ -169,6 +169,9 @@ def _run(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict
 @pytest.mark.timeout(480)
 def test_the_whole_sequence_runs_against_the_engine_stand_in(tmp_path: Path) -> None:
     """SIMULATED engine (harness/sim/engine.py, the real HiCacheFile underneath): the run's own logic only."""
+    stale = tmp_path / "work" / "hicache-wide" / "left-by-an-earlier-wide-step"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("an earlier call's namespace")
     r, report = _run(tmp_path, "--parts", "engine", "--wide", "--wide-scale", "deep", "--flat-router",
                      "--switch-interval", "0.0002", "--wide-host-gb", "8", "--profile")  # fmt: skip
     bad = {k: v for k, v in report["steps"].items() if v["status"] != "ok"}
@@ -186,9 +189,12 @@ def test_the_whole_sequence_runs_against_the_engine_stand_in(tmp_path: Path) -> 
     assert wide["fingerprint"] != report["launch"]["fingerprint"]  # its own geometry: its own namespace
     assert wide["scale"] == "deep" and wide["dims"]["num_hidden_layers"] == 48 and wide["flat_router"]
     assert wide["disk_read"]["bytes"] > 0 and wide["restore"]["storage_tokens"] == wide["storage_hit_tokens"]
+    assert not stale.exists()  # the cold process starts on an empty volume, whatever a step before left there
+    assert all(not (row["cached"] or {}).get("storage") for row in run_engine._rows(wide["per_request"]["cold"]))
     rec = run_engine.bench_record(report)
     assert tuple(rec) == run_engine.RECORD_KEYS and rec["damage"] == report["damage"] and rec["router"] is None
-    assert rec["wide"]["ttft_cold_s"] == wide["ttft_cold_s"]
+    assert rec["wide"]["ttft_cold_s"] == wide["ttft_cold_s"] and "--disable-cuda-graph" in rec["wide"]["extra_args"]
+    assert rec["wide"]["prefetch_wait_s"] is not None and rec["wide"]["ttft_after_prefetch_s"] > 0
     # the steady pass (other documents, kernels compiled), the device-hit reference and the cache's own metrics
     assert wide["storage_hit_tokens_steady"] > 0 and wide["disk_vs_cold_steady"] is not None
     assert wide["vs_reuse"]["prompts"] == wide["reuse_repeat"]["prompts"] == 4
