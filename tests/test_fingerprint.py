@@ -7,7 +7,7 @@ from qwen_hicache.fingerprint import FINGERPRINT_VERSION, fingerprint, fingerpri
 from qwen_hicache.plan import parse_spec
 from resources import example, variant
 
-GOLDEN_EXAMPLE = "v1-b7aeca52a35f2022"
+GOLDEN_EXAMPLE = "v1-1fa34b2f4404f616"
 
 
 def _fp(**changes: object) -> str:

@@ -289,13 +289,21 @@ def group_commit() -> dict:
             "mamba_states_stored": out["mamba_states_stored"]}  # fmt: skip
 
 
+# Patch 0009's size floor for early writeback, lowered here to fall between this probe's small files (QSA index
+# sidecars and the Mamba state, under 600 B) and its KV pages (16 KiB), as 128 KiB falls between Flash-Next's.
+PROBE_WRITEBACK_MIN_BYTES = 1024
+
+
 def writeback() -> dict:
-    """Patch 0007: a 4-page hybrid backup through the backup thread with the tree's sync_file_range call recorded
-    (the file it was given, its size then, the flags); then the same backup with no sync_file_range (not Linux) and
-    with one that fails."""
+    """Patches 0007 and 0009: a 4-page hybrid backup through the backup thread with the tree's sync_file_range call
+    recorded (the file it was given, its size then, the flags), the size floor at PROBE_WRITEBACK_MIN_BYTES; then
+    the same backup with no sync_file_range (not Linux) and with one that fails."""
     events: list[str] = []
     real = getattr(hs, "_sync_file_range", None)
-    out: dict = {"has_writeback": real is not None}
+    floor = getattr(hs, "_EARLY_WRITEBACK_MIN_BYTES", None)
+    out: dict = {"has_writeback": real is not None, "min_bytes": floor, "probe_min_bytes": PROBE_WRITEBACK_MIN_BYTES}
+    if floor is not None:
+        hs._EARLY_WRITEBACK_MIN_BYTES = PROBE_WRITEBACK_MIN_BYTES
 
     def recorded(fd, offset, length, flags):
         name = Path(os.readlink(f"/proc/self/fd/{fd}")).name
@@ -315,6 +323,8 @@ def writeback() -> dict:
         finally:
             if real is not None:
                 hs._sync_file_range = real
+            if floor is not None:
+                hs._EARLY_WRITEBACK_MIN_BYTES = floor
     return out
 
 
