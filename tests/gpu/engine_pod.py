@@ -72,7 +72,7 @@ def spec_file(
     changed."""
     import yaml
 
-    doc = yaml.safe_load(SPEC.read_text())
+    doc = yaml_doc(SPEC)
     doc["spec"]["replicas"] = replicas
     doc["spec"]["model"].update(model or {})
     doc["spec"]["runtime"]["tensorParallelSize"] = tp

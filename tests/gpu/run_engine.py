@@ -815,18 +815,14 @@ def bench_record(report: dict) -> dict:
 
 
 def hit_split(wide: dict) -> dict:
-    """Medians over the restarted process's disk hits: the prefetch wait (`meta_info`) and the rest of the TTFT,
-    which is a device hit's cost when the restore is exact."""
-    rows = [r for phase in ("disk_warm", "disk_steady") for r in _rows((wide.get("per_request") or {}).get(phase))]
-    rows = [r for r in rows if (r.get("cached") or {}).get("storage")]
-    waits = [(r.get("timing") or {}).get("storage_prefetch_wait") or 0.0 for r in rows]
+    """Medians over the restarted process's disk hits (first turns the disk served): the prefetch wait
+    (`meta_info`) and the rest of the TTFT, which is a device hit's cost when the restore is exact."""
+    phases = wide.get("per_request") or {}
+    hits = [row[0] for phase in ("disk_warm", "disk_steady") for row in phases.get(phase) or []
+            if row[0]["cached"].get("storage")]  # fmt: skip
+    waits = [(r.get("timing") or {}).get("storage_prefetch_wait") or 0.0 for r in hits]
     return {"prefetch_wait_s": median(waits),
-            "ttft_after_prefetch_s": median([r["ttft_s"] - w for r, w in zip(rows, waits, strict=True)])}
-
-
-def _rows(v) -> list[dict]:
-    """The request rows of a per-request phase, however its turns are nested."""
-    return [v] if isinstance(v, dict) else [row for x in v or [] for row in _rows(x)]
+            "ttft_after_prefetch_s": median([r["ttft_s"] - w for r, w in zip(hits, waits, strict=True)])}
 
 
 def finite(v):

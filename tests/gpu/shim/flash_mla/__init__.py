@@ -1,6 +1,7 @@
-"""STAND-IN (a name only): sglang 0.5.23's EAGLE worker imports `FlashMLABackend` when it captures CUDA graphs,
+"""STAND-IN (names only): sglang 0.5.23's EAGLE worker imports `FlashMLABackend` when it captures CUDA graphs,
 only for an isinstance check, and that module imports `flash_mla` (the `sgl-flash-mla` wheel, in the image's lock
-but not carried to the GPU machine). Every kernel here raises if called: no backend this run uses calls one."""
+but not carried to the GPU machine). Only the names its import reads are here, each raising if called; any other
+name is missing, so nothing can take this module for the real one."""
 
 
 def _absent(*_a, **_k):
@@ -8,7 +9,3 @@ def _absent(*_a, **_k):
 
 
 fused_norm_rope_attn_rope_cast = _absent
-
-
-def __getattr__(name: str):
-    return _absent
