@@ -347,14 +347,52 @@ def restore(spec: dict, g: dict) -> dict:
             with open(f, "rb", buffering=0) as fh:
                 fh.readinto(buf)
 
-    out: dict = {"name": "restore", "files": len(files), "bytes": total, "plain_gbps": [], "prefetch_gbps": []}
-    for i in range(spec["repeat"]):  # alternate which goes first: a drift of the disk hits both alike
-        for name, read in (("plain", plain), ("prefetch", prefetch_path))[:: 1 if i % 2 == 0 else -1]:
+    reads = [("plain", plain), ("prefetch", prefetch_path)]
+    if spec.get("scheduler_pass_ms") is not None:
+        reads += [(f"beside_{name}", beside_scheduler(prefetch_path, spec["scheduler_pass_ms"] / 1e3, interval))
+                  for name, interval in (("sleep0", "0"), ("poll", None))]  # fmt: skip
+    out: dict = {"name": "restore", "files": len(files), "bytes": total, **{f"{n}_gbps": [] for n, _ in reads}}
+    for i in range(spec["repeat"]):  # rotate which goes first: a drift of the disk hits each alike
+        for name, read in reads[i % len(reads):] + reads[: i % len(reads)]:
             drop_cache(work / "pages")
             t = time.perf_counter()
             read()
             out[f"{name}_gbps"].append(total / (time.perf_counter() - t) / 1e9)
     return out
+
+
+def beside_scheduler(read, pass_s: float, interval: str | None):
+    """``read`` while another thread runs a waiting scheduler's loop: ``pass_s`` of Python (a stand-in for the rest
+    of a pass: ingest, a prefill pass that skips the waiting request), then the tree's own ``Scheduler.on_idle``,
+    with a storage prefetch in flight and ``SGLANG_HICACHE_PREFETCH_POLL_INTERVAL`` set to ``interval`` (None: the
+    tree's default). On the parent tree, or with interval "0", on_idle sleeps 0 (patch 0010)."""
+    from scheduler_idle import waiting_scheduler
+
+    _, on_idle = waiting_scheduler(TREE, True, {"restore": True})
+
+    def run() -> None:
+        os.environ.pop("SGLANG_HICACHE_PREFETCH_POLL_INTERVAL", None)
+        if interval is not None:
+            os.environ["SGLANG_HICACHE_PREFETCH_POLL_INTERVAL"] = interval
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.is_set():
+                end = time.perf_counter() + pass_s
+                while time.perf_counter() < end:
+                    pass
+                on_idle()
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        try:
+            read()
+        finally:
+            stop.set()
+            thread.join()
+            os.environ.pop("SGLANG_HICACHE_PREFETCH_POLL_INTERVAL", None)
+
+    return run
 
 
 def serve(spec: dict) -> None:

@@ -623,8 +623,8 @@ def step_wide(args, st, report: dict) -> None:
         import stack_sampler
 
         wide["profile"] = stack_sampler.summary(str(args.out / "profile"))
-    if args.switch_interval:
-        wide["switch_interval"] = switch_interval_run(args, st, p, spare[2:], first + fresh, wide)
+    if args.switch_interval or args.third_env:
+        wide["third"] = third_run(args, st, p, spare[2:], first + fresh, wide)
 
 
 def profiler(args) -> tuple[tuple[str, ...], object]:
@@ -667,23 +667,28 @@ def reuse_figures(cold: list, reuse: list[list], warm: list) -> dict:
     return out
 
 
-def switch_interval_run(args, st, p: dict, spare: list, prompts: list, wide: dict) -> dict:
-    """The same disk-warm requests in a third process whose interpreters switch threads every `--switch-interval`
-    seconds (sitecustomize; Python's default is 0.005): whether the restore waits on the GIL, which the scheduler's
-    busy loop holds while the prefetch thread reads page after page in Python."""
-    shim = args.work / "switch-interval"
-    shim.mkdir(parents=True, exist_ok=True)
-    (shim / "sitecustomize.py").write_text(f"import sys\nsys.setswitchinterval({args.switch_interval})\n")
+def third_run(args, st, p: dict, spare: list, prompts: list, wide: dict) -> dict:
+    """The same disk-warm requests in a third process, started as the second but for `--third-env KEY=VALUE` in its
+    environment (SGLANG_HICACHE_PREFETCH_POLL_INTERVAL=0: patch 0010 undone, a baseline in the same run) and
+    `--switch-interval S` (its interpreters switch threads every S seconds, Python's default 0.005: a
+    sitecustomize)."""
+    env = dict(kv.split("=", 1) for kv in args.third_env)
+    extra: tuple[str, ...] = ()
+    if args.switch_interval:
+        shim = args.work / "switch-interval"
+        shim.mkdir(parents=True, exist_ok=True)
+        (shim / "sitecustomize.py").write_text(f"import sys\nsys.setswitchinterval({args.switch_interval})\n")
+        extra = (str(shim),)
     drop_page_cache(Path(p["cache_dir"]))
-    s3 = ep.Server(p, args.site, st.logs, "wide-warm-switch", args.tp, extra_path=(str(shim),))
-    out = {"seconds": args.switch_interval, "start_s": s3.start()}
-    run_prompts(s3, spare, args.max_new, "wide-warmup-switch")
-    res = run_prompts(s3, prompts, args.max_new, "wide-disk-switch")
+    s3 = ep.Server({**p, "env": {**p["env"], **env}}, args.site, st.logs, "wide-warm-third", args.tp, extra_path=extra)
+    out = {"env": env, "switch_interval_s": args.switch_interval or None, "start_s": s3.start()}
+    run_prompts(s3, spare, args.max_new, "wide-warmup-third")
+    res = run_prompts(s3, prompts, args.max_new, "wide-disk-third")
     s3.stop_as_pod()
     base = wide["per_request"]["disk_warm"] + wide["per_request"]["disk_steady"]
     out.update(storage_hit_tokens=storage_hits(res), ttft_disk_s=median(first_ttfts(res, disk_only=True)),
-               ttft_disk_default_s=median(first_ttfts(base, disk_only=True)))  # fmt: skip
-    wide["per_request"]["disk_switch"] = strip(res)
+               ttft_disk_second_s=median(first_ttfts(base, disk_only=True)), **disk_hit_split(res))  # fmt: skip
+    wide["per_request"]["disk_third"] = strip(res)
     return out
 
 
@@ -735,7 +740,7 @@ WIDE_KEYS = ("scale", "flat_router", "weight_bytes", "host_kv_tokens", "device_k
              "ttft_cold_s", "ttft_disk_s", "disk_vs_cold",
              "ttft_cold_steady_s", "ttft_disk_steady_s", "disk_vs_cold_steady", "vs_reuse", "reuse_repeat",
              "recompute_repeat", "disk_misses",
-             "restore_steady_gbps", "switch_interval", "storage_hit_tokens_steady", "storage_hit_tokens",
+             "restore_steady_gbps", "third", "storage_hit_tokens_steady", "storage_hit_tokens",
              "tokens_identical", "prompts", "logits_max_abs_diff", "logprob_ids_max_abs_diff", "restore_gbps",
              "disk_read_gbps", "restore_vs_disk", "extra_args", "prefetch_wait_s", "ttft_after_prefetch_s")  # fmt: skip
 ROUTER_KEYS = ("replicas", "policy", "conversations", "landed_before", "landed_after", "stayed", "warm",
@@ -815,11 +820,15 @@ def bench_record(report: dict) -> dict:
 
 
 def hit_split(wide: dict) -> dict:
-    """Medians over the restarted process's disk hits (first turns the disk served): the prefetch wait
-    (`meta_info`) and the rest of the TTFT, which is a device hit's cost when the restore is exact."""
+    """The restarted process's `disk_hit_split`."""
     phases = wide.get("per_request") or {}
-    hits = [row[0] for phase in ("disk_warm", "disk_steady") for row in phases.get(phase) or []
-            if row[0]["cached"].get("storage")]  # fmt: skip
+    return disk_hit_split([row for phase in ("disk_warm", "disk_steady") for row in phases.get(phase) or []])
+
+
+def disk_hit_split(rows: list) -> dict:
+    """Medians over the disk hits among these rows' first turns: the prefetch wait (`meta_info`) and the rest of the
+    TTFT, which is a device hit's cost when the restore is exact."""
+    hits = [row[0] for row in rows if row[0]["cached"].get("storage")]
     waits = [(r.get("timing") or {}).get("storage_prefetch_wait") or 0.0 for r in hits]
     return {"prefetch_wait_s": median(waits),
             "ttft_after_prefetch_s": median([r["ttft_s"] - w for r, w in zip(hits, waits, strict=True)])}
@@ -876,7 +885,9 @@ def main() -> int:
     ap.add_argument("--wide", action="store_true", help="also TTFT cold vs disk-warm at Flash-Next's widths")
     ap.add_argument("--wide-scale", choices=("wide", "deep"), default="wide", help="deep: and Flash-Next's 48 layers")
     ap.add_argument("--switch-interval", type=float, default=0.0,
-                    help="wide step: a third process restores again with this sys.setswitchinterval (0: not run)")
+                    help="wide step: a third process restores again with this sys.setswitchinterval (0: default)")
+    ap.add_argument("--third-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="wide step: a third process restores again with this in its environment (repeatable)")
     ap.add_argument("--wide-host-gb", type=float, default=0.0,
                     help="wide step: hicache.hostMemoryPerRankGB (0: the spec's); above the device pool's tokens")
     ap.add_argument("--profile", action="store_true",

@@ -173,7 +173,8 @@ def test_the_whole_sequence_runs_against_the_engine_stand_in(tmp_path: Path) -> 
     stale.parent.mkdir(parents=True)
     stale.write_text("an earlier call's namespace")
     r, report = _run(tmp_path, "--parts", "engine", "--wide", "--wide-scale", "deep", "--flat-router",
-                     "--switch-interval", "0.0002", "--wide-host-gb", "8", "--profile")  # fmt: skip
+                     "--switch-interval", "0.0002", "--third-env", "SGLANG_HICACHE_PREFETCH_POLL_INTERVAL=0",
+                     "--wide-host-gb", "8", "--profile")  # fmt: skip
     bad = {k: v for k, v in report["steps"].items() if v["status"] != "ok"}
     assert r.returncode == 0 and not bad, r.stdout[-3000:] + json.dumps(bad)[:3000]
     first = report["restarts"][0]
@@ -200,9 +201,10 @@ def test_the_whole_sequence_runs_against_the_engine_stand_in(tmp_path: Path) -> 
     assert wide["vs_reuse"]["prompts"] == wide["reuse_repeat"]["prompts"] == 4
     assert any(ln.startswith("sglang:cached_tokens_total") for ln in wide["metrics"])
     assert json.loads(json.dumps(rec, allow_nan=False))["wide"]["vs_reuse"]["prompts"] == 4
-    switch = wide["switch_interval"]
-    assert switch["seconds"] == 0.0002 and switch["storage_hit_tokens"] > 0 and switch["ttft_disk_s"] is not None
-    assert len(wide["per_request"]["disk_switch"]) == 8
+    third = wide["third"]
+    assert third["switch_interval_s"] == 0.0002 and third["env"] == {"SGLANG_HICACHE_PREFETCH_POLL_INTERVAL": "0"}
+    assert third["storage_hit_tokens"] > 0 and third["ttft_disk_s"] is not None and third["prefetch_wait_s"] >= 0
+    assert len(wide["per_request"]["disk_third"]) == 8 and rec["wide"]["third"]["env"] == third["env"]
     # the host tier above the device pool, and each phase's stacks sampled in the server processes
     assert wide["host_kv_tokens"] > wide["device_kv_tokens"] == 65536
     assert {"cold", "reuse", "disk-warm"} <= set(wide["profile"])
