@@ -15,6 +15,6 @@ def test_restore_path_bench_smoke(wheel: Path, tmp_path: Path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("one disk hit: 7 files"), proc.stdout  # 3 KV pages, 3 index sidecars, 1 Mamba state
-    rows = [ln.split("  ")[0].strip() for ln in lines[2:-1]]
+    rows = [ln.strip().split("  ")[0] for ln in lines[2:-1]]
     assert rows == ["plain readinto", "prefetch path", "beside the idle loop, sleep(0)",
                     "beside the idle loop, poll (0010)"], proc.stdout  # fmt: skip
