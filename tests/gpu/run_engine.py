@@ -820,9 +820,30 @@ def bench_record(report: dict) -> dict:
 
 
 def hit_split(wide: dict) -> dict:
-    """The restarted process's `disk_hit_split`."""
+    """The restarted process's `disk_hit_split`, and its prefetch's read rate (`prefetch_rates`)."""
     phases = wide.get("per_request") or {}
-    return disk_hit_split([row for phase in ("disk_warm", "disk_steady") for row in phases.get(phase) or []])
+    out = disk_hit_split([row for phase in ("disk_warm", "disk_steady") for row in phases.get(phase) or []])
+    return out | prefetch_rates(wide)
+
+
+def prefetch_rates(wide: dict) -> dict:
+    """The prefetch's own read rate: the bytes `restore` counts for the first turns' disk hits over the sum of their
+    prefetch waits (`meta_info`), against the volume's read in the same run; the same for a third process
+    (`--third-env`), whose first four requests are the same documents, so the same bytes."""
+    phases, total = wide.get("per_request") or {}, (wide.get("restore") or {}).get("bytes")
+    disk = wide.get("disk_read_gbps")
+
+    def rate(rows: list) -> dict:
+        waits = [(r[0].get("timing") or {}).get("storage_prefetch_wait") for r in rows if r[0]["cached"].get("storage")]
+        if not total or len(waits) != len(rows) or not rows or None in waits:
+            return {"gbps": None, "vs_disk": None}
+        gbps = round(total / sum(waits) / 1e9, 3)
+        return {"gbps": gbps, "vs_disk": ratio(gbps, disk)}
+
+    out = {"prefetch": rate(phases.get("disk_warm") or [])}
+    if phases.get("disk_third"):
+        out["prefetch_third"] = rate(phases["disk_third"][: len(phases.get("disk_warm") or [])])
+    return out
 
 
 def disk_hit_split(rows: list) -> dict:

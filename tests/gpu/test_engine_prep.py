@@ -248,3 +248,17 @@ def test_reuse_figures_pick_the_passes_by_what_they_found_cached() -> None:
     assert got["vs_reuse"]["all_identical"] and got["vs_reuse"]["same_cached_identical"] is None  # warm: no hit
     assert run_engine.reuse_figures(cold, reuse[:1], warm) == {"vs_reuse": None, "reuse_repeat": None,
                                                                "recompute_repeat": got["recompute_repeat"]}
+
+
+def test_prefetch_rates_are_the_restored_bytes_over_the_prefetch_waits_of_the_same_documents() -> None:
+    def row(wait: float | None, storage: int = 8384) -> list[dict]:
+        return [{"ttft_s": 0.3, "cached": {"storage": storage}, "timing": {"storage_prefetch_wait": wait}}]
+
+    wide = {"restore": {"bytes": 800_000_000}, "disk_read_gbps": 2.0,
+            "per_request": {"disk_warm": [row(0.2), row(0.2)], "disk_steady": [row(0.1)],
+                            "disk_third": [row(0.4), row(0.4), row(0.9)]}}  # fmt: skip
+    rates = run_engine.prefetch_rates(wide)
+    assert rates["prefetch"] == {"gbps": 2.0, "vs_disk": 1.0}  # 800 MB over 0.4 s
+    assert rates["prefetch_third"] == {"gbps": 1.0, "vs_disk": 0.5}  # the same two documents: 0.8 s
+    wide["per_request"]["disk_warm"].append(row(0.3, storage=0))  # a recompute among them: no rate to give
+    assert run_engine.prefetch_rates(wide)["prefetch"] == {"gbps": None, "vs_disk": None}
