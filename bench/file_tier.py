@@ -67,7 +67,7 @@ PATTERNS = {
     "hybrid": {"turns": [[192], [192]], "hybrid": True},
     "small": {"turns": [[4] * 12] * 8, "hybrid": True},
 }
-# A burst: two operations of 64 pages and eight of 4; eight bursts, a turn each (4 x 36 MiB a burst: 0.4-0.6 s).
+# A burst: two operations of 64 pages and eight of 4; eight bursts, a turn each (4 x 40 MiB a burst: 0.2-0.6 s).
 RANKS = ("4 ranks", 4, {"turns": [[64, 64] + [4] * 8] * 8, "hybrid": True})
 SMOKE_GEOMETRY = {"layers": 1, "heads": 1, "dim": 16, "mamba_layers": 1, "mamba_heads": 1, "mamba_dim": 8,
                   "index_layers": 1, "index_width": 16}  # fmt: skip
