@@ -11,27 +11,28 @@ group, then the KV chunks):
 - ``kv chunks``: KV only, two operations of 256 pages (two 128-page chunks each), 1 MiB pages; a turn each;
 - ``hybrid``: two operations of 192 pages with the QSA indexer sidecar on every page and a Mamba state on the
   last (KV chunks of 128 + 64 after one sidecar group); a turn each;
-- ``small``: 48 hybrid operations of 4 pages (multi-turn chat: each turn backs up a few new pages), 12 a turn;
+- ``small``: 96 hybrid operations of 4 pages (multi-turn chat: each turn backs up a few new pages), 12 a turn;
 - ``4 ranks``: four processes (tp_rank 0-3 of a TP4 pod, a quarter page each: 256 KiB) backing up the same
-  hybrid operations (two of 64 pages, eight of 4: a burst, one a turn; four bursts) at the same time into one
+  hybrid operations (two of 64 pages, eight of 4: a burst, one a turn; eight bursts) at the same time into one
   directory.
 
 Baseline: the parent never syncs (its acknowledged pages are not durable), so it runs with one ``syncfs`` at
 the end of every backup operation: the sync patch 0006's group commit makes ("the parent plus the same
 syncs"). Write rate: KV payload over the summed time of the tree's turns, each from the first operation queued to
-the last acknowledged. Read rate: KV pages dropped from the page cache, read back turn by turn by the controller's
-prefetch path (``_generic_page_get``, 128-page batches; the patched tree verifies each page). Startup: the
+the last acknowledged. Read rate: KV payload over the summed time of the tree's 8 read turns, each reading every KV
+page of the pattern back, dropped from the page cache before, by the controller's prefetch path
+(``_generic_page_get``, 128-page batches; the patched tree verifies each page). Startup: the
 ``HiCacheFile`` constructor over ``--startup-files`` page files plus 1% stale temporaries, size cap on (first run).
 
-    python bench/file_tier.py [--repeat 3] [--startup-files 100000] [--dir /var/tmp] [--json]
+    python bench/file_tier.py [--repeat 3] [--startup-files 100000] [--dir /var/tmp] [--json] [--turns]
     python bench/file_tier.py --smoke     # tiny pages, one run: checks the bench runs
 
 A run starts both trees' processes (one per rank) at once; they build their patterns and wait. Then the trees
 take turns at each pattern, A B B A A B ..., seconds apart on the same disk, the waiting tree idle (see run()).
 Per pattern: the parent's and the patched tree's rates, min/median/max over the runs, the paired ratio (patched /
 parent of the same run; which tree is A alternates across patterns and runs), and the write's CPU seconds per GB
-(user + system, all ranks). Targets: write >= 0.90x and read >= 0.95x in every run. Exits 1 when one is missed
-(never in ``--smoke``).
+(user + system, all ranks); ``--turns`` prints each turn's MB/s too (``--json``: each turn's seconds and bytes).
+Targets: write >= 0.90x and read >= 0.95x in every run. Exits 1 when one is missed (never in ``--smoke``).
 """
 
 from __future__ import annotations
@@ -64,16 +65,19 @@ RANK_GEOMETRY = {**GEOMETRY, "heads": 2, "mamba_heads": 2}  # a TP4 shard of the
 PATTERNS = {
     "kv chunks": {"turns": [[256], [256]], "hybrid": False},
     "hybrid": {"turns": [[192], [192]], "hybrid": True},
-    "small": {"turns": [[4] * 12] * 4, "hybrid": True},
+    "small": {"turns": [[4] * 12] * 8, "hybrid": True},
 }
-# A burst: two operations of 64 pages and eight of 4, four bursts a turn each (one burst of 4 x 36 MiB takes 0.3 s).
-RANKS = ("4 ranks", 4, {"turns": [[64, 64] + [4] * 8] * 4, "hybrid": True})
+# A burst: two operations of 64 pages and eight of 4; eight bursts, a turn each (4 x 40 MiB a burst: 0.2-0.6 s).
+RANKS = ("4 ranks", 4, {"turns": [[64, 64] + [4] * 8] * 8, "hybrid": True})
 SMOKE_GEOMETRY = {"layers": 1, "heads": 1, "dim": 16, "mamba_layers": 1, "mamba_heads": 1, "mamba_dim": 8,
                   "index_layers": 1, "index_width": 16}  # fmt: skip
 SMOKE_PATTERNS = {"kv chunks": {"turns": [[130]], "hybrid": False}, "hybrid": {"turns": [[130]], "hybrid": True},
                   "small": {"turns": [[4], [4, 4]], "hybrid": True}}  # fmt: skip
 SMOKE_RANKS = ("2 ranks", 2, {"turns": [[4], [4]], "hybrid": True})
-READ_TURNS, SMOKE_READ_TURNS = 4, 2  # each tree's reads: its 128-page batches in this many turns
+# Each tree's reads: this many turns, each reading every KV page of the pattern (128-page batches), page cache dropped
+# before. Until 2026-12-06 the pages were split over 4 turns, read once: the small pattern's turns were ~60 ms, and one
+# turn that met a spent burst budget decided a tree's sum.
+READ_TURNS, SMOKE_READ_TURNS = 8, 2
 REPLY_SECONDS = 900  # a worker's import and pool set-up, or one turn, never takes this long
 # A pause before every turn. This disk serves bursts from a budget: reads ran at about 1 GB/s for some 750 MB, and the
 # next turn at 170-410 MB/s, whichever tree it was (2026-12-06); about a second idle refills what a turn spends. With
@@ -163,28 +167,34 @@ def schedule(order: list[str], turns: int) -> list[tuple[int, str]]:
 
 def measure_pattern(workers: dict[str, list[Worker]], pattern: str, turns: int, reads: int, settle: float) -> dict:
     """Both trees' writes turn by turn, every page durable and dropped from the page cache, then the reads turn by
-    turn: per tree, the KV payload over the turns' summed time (a turn: the first rank's first queued operation to
-    the last rank's last ack; the slowest rank's reads), and the CPU seconds its ranks spent per GB written. Every
-    turn starts after `settle` seconds idle."""
-    seconds = {name: {"write": 0.0, "read": 0.0, "cpu": 0.0, "bytes": 0} for name in workers}
+    turn, each reading all of the pattern's pages after the reading tree's files are synced and dropped again: per
+    tree, the KV payload over the turns' summed time (a turn: the first rank's first queued operation to the last
+    rank's last ack; the slowest rank's reads), each turn's seconds and payload, and the CPU seconds its ranks spent
+    per GB written. Every turn starts after `settle` seconds idle (after the drop, for a read turn)."""
+    seconds = {name: {"write": [], "read": [], "cpu": 0.0, "bytes": [], "read_bytes": []} for name in workers}
     for t, name in schedule(list(workers), turns):
         time.sleep(settle)
         replies = ask(workers[name], do="write", pattern=pattern, args=[t])
         if any(r["written_pages"] != r["pages"] for r in replies):
             raise SystemExit(f"{name} {pattern} turn {t}: not every page was written: {replies}")
-        seconds[name]["write"] += max(r["end"] for r in replies) - min(r["start"] for r in replies)
+        seconds[name]["write"].append(max(r["end"] for r in replies) - min(r["start"] for r in replies))
         seconds[name]["cpu"] += sum(r["cpu_s"] for r in replies)
-        seconds[name]["bytes"] += sum(r["kv_bytes"] for r in replies)
+        seconds[name]["bytes"].append(sum(r["kv_bytes"] for r in replies))
     for ranks in workers.values():
         ask(ranks[:1], do="drop", pattern=pattern)  # the ranks share one directory: one sync and drop for all
     for t, name in schedule(list(workers), reads):
+        ask(workers[name][:1], do="drop", pattern=pattern)  # the last turn read these pages: from the disk again
         time.sleep(settle)
         replies = ask(workers[name], do="read", pattern=pattern, args=[t])
         if not all(r["read_pages"] == r["pages"] and r["same"] for r in replies):
             raise SystemExit(f"{name} {pattern} turn {t}: pages did not read back: {replies}")
-        seconds[name]["read"] += max(r["read_s"] for r in replies)
-    return {name: {"write_Bps": s["bytes"] / s["write"], "read_Bps": s["bytes"] / s["read"],
-                   "write_cpu_s_per_GB": s["cpu"] / s["bytes"] * 1e9} for name, s in seconds.items()}  # fmt: skip
+        seconds[name]["read"].append(max(r["read_s"] for r in replies))
+        seconds[name]["read_bytes"].append(sum(r["kv_bytes"] for r in replies))
+    return {name: {"write_Bps": sum(s["bytes"]) / sum(s["write"]), "read_Bps": sum(s["read_bytes"]) / sum(s["read"]),
+                   "write_cpu_s_per_GB": s["cpu"] / sum(s["bytes"]) * 1e9,
+                   "turns": {"write_s": s["write"], "write_bytes": s["bytes"], "read_s": s["read"],
+                             "read_bytes": s["read_bytes"]}}
+            for name, s in seconds.items()}  # fmt: skip
 
 
 def measure_run(fleet: dict[str, list[Worker]], run_index: int, startup_files: int, smoke: bool) -> dict:
@@ -196,6 +206,9 @@ def measure_run(fleet: dict[str, list[Worker]], run_index: int, startup_files: i
     out: dict[str, dict] = {name: {} for name in names}
     for name in names if startup_files else []:
         out[name]["startup"] = ask(fleet[name][:1], do="startup", files=startup_files)[0]
+    if startup_files and not smoke:  # the startup's 2 x 101,000 new files written back before the first pattern
+        os.sync()
+        time.sleep(SETTLE_S)
     for k, (pattern, spec, n, _) in enumerate(jobs(smoke)):
         order = names if (run_index + k) % 2 == 0 else names[::-1]
         settle = 0.0 if smoke else SETTLE_S
@@ -271,6 +284,20 @@ def report(runs: dict[str, list[dict]]) -> tuple[list[str], list[str]]:
     return lines, missed
 
 
+def turn_lines(runs: dict[str, list[dict]]) -> list[str]:
+    """Each turn's MB/s, per run, pattern and op: the parent's and the patched tree's turn t side by side (they ran
+    next to each other), to tell a slow disk (both trees' turns slow) from a slower tree."""
+    lines = ["per turn: MB/s parent + syncs | patched, turn by turn (turn t of each tree ran next to each other)"]
+    for i, (par, pat) in enumerate(zip(runs["parent"], runs["patched"], strict=True)):
+        for name in (k for k in par if k != "startup"):
+            for op in ("write", "read"):
+                a, b = (r[name]["turns"] for r in (par, pat))
+                rates = [[n / t / 1e6 for n, t in zip(x[f"{op}_bytes"], x[f"{op}_s"], strict=True)] for x in (a, b)]
+                lines.append(f"run {i + 1} {name:12} {op:5} " + "  ".join(
+                    f"{x:5.0f}|{y:<5.0f}" for x, y in zip(*rates, strict=True)))  # fmt: skip
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--startup-files", type=int, default=100_000)
@@ -278,12 +305,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: system temp)")
     ap.add_argument("--smoke", action="store_true", help="tiny pages, one run, workers in parallel")
     ap.add_argument("--json", action="store_true", help="print the raw results as JSON too")
+    ap.add_argument("--turns", action="store_true", help="print each turn's MB/s too")
     args = ap.parse_args(argv)
     if args.smoke:
         args.startup_files, args.repeat = 200, 1
     runs = run(args.dir, args.repeat, args.startup_files, args.smoke)
     lines, missed = report(runs)
     print("\n".join(lines))
+    if args.turns:
+        print("\n".join(turn_lines(runs)))
     if args.json:
         print(json.dumps(runs, sort_keys=True))
     if args.smoke:

@@ -11,8 +11,9 @@ for the file backend), its host pools (``MHATokenToKVPoolHost`` page_first, ``QS
 waits on stdin, so the bench decides when each turn runs and the other tree's idle ranks cost nothing meanwhile:
 ``{"do": "write", "pattern": P, "args": [k]}`` queues turn k's backup operations at once, as a burst of finished
 requests queues them, and times them from the first queued to the last acknowledged; ``drop`` syncs and drops the
-pattern's files from the page cache (``POSIX_FADV_DONTNEED``); ``read`` reads turn k's KV pages back by the
-controller's own prefetch path (``_generic_page_get``, 128-page batches), checked equal; ``startup``, ``end``.
+pattern's files from the page cache (``POSIX_FADV_DONTNEED``); ``read`` reads every KV page of the pattern back (turn
+k: the same pages each turn, dropped before) by the controller's own prefetch path (``_generic_page_get``,
+128-page batches), checked equal; ``startup``, ``end``.
 
 The parent never syncs, so its pages are not durable when it acknowledges; with ``parent_sync`` the worker
 wraps the parent's ``_page_backup_or_log`` to end every operation with the one ``syncfs`` the patched tree
@@ -244,11 +245,11 @@ class Pattern:
         operations = iter([(torch.arange(0, n * PAGE, dtype=torch.int64), span, sidecars(span, op) if hybrid else None)
                            for op, (n, span) in enumerate(zip(ops, keys, strict=True))])  # fmt: skip
         self.write_turns = [[next(operations) for _ in turn] for turn in spec["turns"]]
-        # Reads go in `read_turns` turns of consecutive 128-page batches (the prefetch path's), however the writes went.
+        # Every read turn reads every KV page the pattern wrote, in the prefetch path's batches (128 pages of one
+        # operation at most), page cache dropped before (``drop``): `read_turns` turns of the whole pattern.
         batches = [(i, span[i : i + CHUNK]) for turn in self.write_turns for _, span, _ in turn
                    for i in range(0, len(span), CHUNK)]  # fmt: skip
-        n = spec["read_turns"]
-        self.read_turns = [batches[len(batches) * t // n : len(batches) * (t + 1) // n] for t in range(n)]
+        self.read_turns = [batches] * spec["read_turns"]
         syncfs(self.pages_dir)
         self.thread = threading.Thread(target=self.ctrl.backup_thread_func, daemon=True)
         self.thread.start()
@@ -272,7 +273,8 @@ class Pattern:
         return {"dropped": True}
 
     def read(self, turn: int) -> dict:
-        """Read turn `turn`'s KV pages through the controller's prefetch path (128-page batches), checked equal."""
+        """Read turn `turn`'s KV pages (all of the pattern's) through the controller's prefetch path (128-page
+        batches), checked equal."""
         blank = torch.zeros_like(self.reference[0])
         request = SimpleNamespace(request_id=0, is_terminated=lambda: False)
         got, pages, same, seconds = 0, 0, True, 0.0
@@ -286,7 +288,7 @@ class Pattern:
             seconds += time.perf_counter() - t
             same = same and all(torch.equal(self.kv.get_data_page(j * PAGE, flat=True), self.reference[first + j])
                                 for j in range(len(batch)))  # fmt: skip
-        return {"read_s": seconds, "pages": pages, "read_pages": got, "same": same}
+        return {"read_s": seconds, "pages": pages, "read_pages": got, "same": same, "kv_bytes": pages * self.page_bytes}
 
     def close(self) -> dict:
         self.ctrl.storage_stop_event.set()

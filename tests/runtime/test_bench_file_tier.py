@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_file_tier_bench_smoke(wheel: Path, tmp_path: Path):
     proc = subprocess.run(
-        [sys.executable, str(REPO / "bench/file_tier.py"), "--smoke", "--dir", str(tmp_path)],
+        [sys.executable, str(REPO / "bench/file_tier.py"), "--smoke", "--turns", "--dir", str(tmp_path)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -19,6 +19,9 @@ def test_file_tier_bench_smoke(wheel: Path, tmp_path: Path):
     patterns = ("kv chunks", "hybrid", "small", "2 ranks")
     assert {f"{p} {op}" for p in patterns for op in ("write", "read")} <= rows, proc.stdout
     assert "startup s (cap on)" in proc.stdout
+    # --turns: a line per run, pattern and op, one parent|patched pair per turn (smoke: 2 read turns a tree)
+    assert sum(line.startswith("run 1 small        read") and line.count("|") == 2
+               for line in proc.stdout.splitlines()) == 1, proc.stdout  # fmt: skip
     assert "stale .tmp left after startup          2         0" in proc.stdout  # the parent never sweeps
 
 
