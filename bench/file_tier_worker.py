@@ -368,14 +368,11 @@ def beside_scheduler(read, pass_s: float, interval: str | None):
     of a pass: ingest, a prefill pass that skips the waiting request), then the tree's own ``Scheduler.on_idle``,
     with a storage prefetch in flight and ``SGLANG_HICACHE_PREFETCH_POLL_INTERVAL`` set to ``interval`` (None: the
     tree's default). On the parent tree, or with interval "0", on_idle sleeps 0 (patch 0010)."""
-    from scheduler_idle import waiting_scheduler
+    from scheduler_idle import poll_interval, waiting_scheduler
 
-    _, on_idle = waiting_scheduler(TREE, True, {"restore": True})
+    on_idle = waiting_scheduler(TREE, True, {"restore": True})
 
     def run() -> None:
-        os.environ.pop("SGLANG_HICACHE_PREFETCH_POLL_INTERVAL", None)
-        if interval is not None:
-            os.environ["SGLANG_HICACHE_PREFETCH_POLL_INTERVAL"] = interval
         stop = threading.Event()
 
         def loop() -> None:
@@ -385,14 +382,14 @@ def beside_scheduler(read, pass_s: float, interval: str | None):
                     pass
                 on_idle()
 
-        thread = threading.Thread(target=loop, daemon=True)
-        thread.start()
-        try:
-            read()
-        finally:
-            stop.set()
-            thread.join()
-            os.environ.pop("SGLANG_HICACHE_PREFETCH_POLL_INTERVAL", None)
+        with poll_interval(interval):
+            thread = threading.Thread(target=loop, daemon=True)
+            thread.start()
+            try:
+                read()
+            finally:
+                stop.set()
+                thread.join()
 
     return run
 

@@ -834,7 +834,7 @@ def prefetch_rates(wide: dict) -> dict:
     disk = wide.get("disk_read_gbps")
 
     def rate(rows: list) -> dict:
-        waits = [(r[0].get("timing") or {}).get("storage_prefetch_wait") for r in rows if r[0]["cached"].get("storage")]
+        waits = [prefetch_wait(r[0]) for r in rows if r[0]["cached"].get("storage")]
         if not total or len(waits) != len(rows) or not rows or None in waits:
             return {"gbps": None, "vs_disk": None}
         gbps = round(total / sum(waits) / 1e9, 3)
@@ -846,11 +846,16 @@ def prefetch_rates(wide: dict) -> dict:
     return out
 
 
+def prefetch_wait(request: dict) -> float | None:
+    """A request's storage prefetch wait, from its `meta_info` timings (None where the server gave none)."""
+    return (request.get("timing") or {}).get("storage_prefetch_wait")
+
+
 def disk_hit_split(rows: list) -> dict:
     """Medians over the disk hits among these rows' first turns: the prefetch wait (`meta_info`) and the rest of the
     TTFT, which is a device hit's cost when the restore is exact."""
     hits = [row[0] for row in rows if row[0]["cached"].get("storage")]
-    waits = [(r.get("timing") or {}).get("storage_prefetch_wait") or 0.0 for r in hits]
+    waits = [prefetch_wait(r) or 0.0 for r in hits]
     return {"prefetch_wait_s": median(waits),
             "ttft_after_prefetch_s": median([r["ttft_s"] - w for r, w in zip(hits, waits, strict=True)])}
 

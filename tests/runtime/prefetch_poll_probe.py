@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 import traceback
@@ -28,25 +27,20 @@ cpu_stub.install()
 sys.path.insert(0, str(TREE))
 logging.disable(logging.CRITICAL)
 
-from scheduler_idle import waiting_scheduler  # noqa: E402
-
-INTERVAL = "SGLANG_HICACHE_PREFETCH_POLL_INTERVAL"
+from scheduler_idle import poll_interval, waiting_scheduler  # noqa: E402
 
 
 def sleeps(storage: bool, in_flight: bool, interval: str | None = None, disagg: bool = False) -> list[float]:
     """The sleeps of one on_idle pass."""
-    _, on_idle = waiting_scheduler(TREE, storage, {"rid": object()} if in_flight else {}, disagg)
+    on_idle = waiting_scheduler(TREE, storage, {"rid": object()} if in_flight else {}, disagg)
     recorded: list[float] = []
     real = time.sleep
-    os.environ.pop(INTERVAL, None)
-    if interval is not None:
-        os.environ[INTERVAL] = interval
-    time.sleep = recorded.append
-    try:
-        on_idle()
-    finally:
-        time.sleep = real
-        os.environ.pop(INTERVAL, None)
+    with poll_interval(interval):
+        time.sleep = recorded.append
+        try:
+            on_idle()
+        finally:
+            time.sleep = real
     return recorded
 
 

@@ -9,8 +9,10 @@ only what on_idle's not-idle branch reads. Import after the tree is on ``sys.pat
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -32,9 +34,24 @@ def methods(tree: Path, *names: str) -> dict:
     return {fn.name: namespace[fn.name] for fn in fns}
 
 
+INTERVAL = "SGLANG_HICACHE_PREFETCH_POLL_INTERVAL"  # patch 0010's variable
+
+
+@contextlib.contextmanager
+def poll_interval(value: str | None) -> Iterator[None]:
+    """Patch 0010's variable set to ``value`` (None: unset, the tree's default) while the block runs, unset after."""
+    os.environ.pop(INTERVAL, None)
+    if value is not None:
+        os.environ[INTERVAL] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(INTERVAL, None)
+
+
 def waiting_scheduler(tree: Path, storage: bool, ongoing_prefetch: dict, disagg: bool = False):
-    """(the scheduler, its on_idle): a request waits; ``ongoing_prefetch`` is the tree cache's, shared (a caller may
-    fill and empty it while the loop runs)."""
+    """The tree's own ``on_idle``, bound to a scheduler where a request waits; ``ongoing_prefetch`` is the tree
+    cache's, shared (a caller may fill and empty it while the loop runs)."""
     found = methods(tree, "on_idle", "_storage_prefetch_poll_s")
     nothing = SimpleNamespace(drop_sync_wait_carry=lambda: None, record_scheduler_active=lambda ns: None)
     s = SimpleNamespace(
@@ -50,4 +67,4 @@ def waiting_scheduler(tree: Path, storage: bool, ongoing_prefetch: dict, disagg:
     )
     if "_storage_prefetch_poll_s" in found:
         s._storage_prefetch_poll_s = found["_storage_prefetch_poll_s"].__get__(s)
-    return s, found["on_idle"].__get__(s)
+    return found["on_idle"].__get__(s)
