@@ -909,7 +909,9 @@ def main() -> int:
     ap.add_argument("--budget-damage", type=float, default=150)
     ap.add_argument("--budget-wide", type=float, default=150)
     ap.add_argument("--wide", action="store_true", help="also TTFT cold vs disk-warm at Flash-Next's widths")
-    ap.add_argument("--wide-scale", choices=("wide", "deep"), default="wide", help="deep: and Flash-Next's 48 layers")
+    ap.add_argument("--wide-scale", choices=("wide", "deep", "deep-full-index"), default="wide",
+                    help="deep: and Flash-Next's 48 layers; deep-full-index: and every QSA block kept under 8,192 "
+                         "tokens (tiny_model.DEEP_FULL_INDEX: token identity, --prompt-chars 27500)")
     ap.add_argument("--switch-interval", type=float, default=0.0,
                     help="wide step: a third process restores again with this sys.setswitchinterval (0: default)")
     ap.add_argument("--third-env", action="append", default=[], metavar="KEY=VALUE",

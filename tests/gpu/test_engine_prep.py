@@ -69,6 +69,13 @@ def test_deep_scale_is_flash_next_at_its_own_widths_and_depth() -> None:
     assert {k: deep[k] for k in same} == {k: real[k] for k in same}
 
 
+def test_full_index_scale_keeps_every_block_of_an_8k_prompt() -> None:
+    """The token-identity diagnostic: the deep model, but its top-k (a k the runtime has) covers 8,192 tokens."""
+    deep, full = tiny_model.text_config("deep"), tiny_model.text_config("deep-full-index")
+    assert full["indexer_budget"] // full["indexer_compress_ratio"] == 2048
+    assert full["indexer_budget"] >= 8192 and {**full, "indexer_budget": deep["indexer_budget"]} == deep
+
+
 def test_flat_router_zeroes_the_routers_only() -> None:
     layer = "model.language_model.layers.0.mlp."
     router = tiny_model._values(layer + "gate.weight", (8, 16), "bfloat16", flat_router=True)

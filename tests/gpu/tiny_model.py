@@ -47,7 +47,13 @@ WIDE = {"hidden_size": 2560, "num_attention_heads": 16, "linear_num_key_heads": 
 # prefill costs what the real model's does per token in attention and GDN layers (the MoE is the wide one's), and a
 # restore moves what the real model's does per rank-0 token (KV and index of 12 layers, 36 GDN states).
 DEEP = {**WIDE, "num_hidden_layers": 48, "layer_types": LAYER_TYPES * 12}
-SCALES = {"tiny": {}, "wide": WIDE, "deep": DEEP}
+# `--scale deep-full-index`: the deep model with an indexer budget of 8,192 tokens (2,048 compressed blocks, the
+# other top-k the runtime has, sgl_kernel's fast_topk_v2): a prompt under 8,192 tokens keeps every block, so no
+# top-k decides. Above its k the radix select places its picks by atomicAdd (kernels/jit/csrc/elementwise/
+# fast_topk.cuh), an order that changes the sparse attention's sums from run to run; at or below k it writes them
+# in order (naive_topk). A diagnostic: Flash-Next selects 512 blocks.
+DEEP_FULL_INDEX = {**DEEP, "indexer_budget": 8192}
+SCALES = {"tiny": {}, "wide": WIDE, "deep": DEEP, "deep-full-index": DEEP_FULL_INDEX}
 ROUTER = ".mlp.gate.weight"  # an MoE router's checkpoint name ends so (Qwen2MoeSparseMoeBlock.gate)
 
 
@@ -342,7 +348,8 @@ def main() -> int:
     ap.add_argument("--check", default="", help="after writing, load with load_weights on this device (cpu, cuda)")
     ap.add_argument("--check-only", default="", help="only load the checkpoint in OUT with load_weights on this device")
     ap.add_argument("--scale", choices=tuple(SCALES), default="tiny",
-                    help="wide: Flash-Next's own widths (WIDE); deep: and its 48 layers (DEEP)")
+                    help="wide: Flash-Next's own widths (WIDE); deep: and its 48 layers (DEEP); deep-full-index: "
+                         "and an indexer budget of 8,192 tokens (DEEP_FULL_INDEX)")
     ap.add_argument("--values-device", default="cpu", help="where the seeded random weights are drawn (cpu, cuda)")
     ap.add_argument("--flat-router", action="store_true", help="zero MoE router weights (see _values)")
     args = ap.parse_args()
