@@ -583,6 +583,10 @@ def step_wide(args, st, report: dict) -> None:
     s1 = ep.Server(p, args.site, st.logs, "wide-cold", args.tp, extra_path=shim)
     wide["start_cold_s"] = s1.start()
     wide["warmup_ttft_s"] = [run_prompts(s1, spare[:1], args.max_new, "wide-warmup-cold")[0][0]["ttft_s"]]
+    # the warm-up's own write-back (an 8k-token prefix, about 180 MB) ends before the measured requests: on
+    # 2026-12-06 14:21 it still ran through the first disk hit (the fresh process's backup thread busy in 55 of 334
+    # samples), whose prefetch then shared the disk and the GIL with it and waited 0.20-0.31 s against 0.13-0.20
+    wait_files_stable(Path(p["cache_dir"]))
     with window("cold"):
         cold = run_prompts(s1, first, args.max_new, "wide-cold")
     with window("cold-steady"):
@@ -597,7 +601,8 @@ def step_wide(args, st, report: dict) -> None:
     wide["disk_read"] = disk_read_gbps(Path(p["cache_dir"]))  # drops the page cache before and after
     s2 = ep.Server(p, args.site, st.logs, "wide-warm", args.tp, extra_path=shim)
     wide["start_warm_s"] = s2.start()
-    wide["warmup_ttft_s"].append(run_prompts(s2, spare[1:], args.max_new, "wide-warmup-warm")[0][0]["ttft_s"])
+    wide["warmup_ttft_s"].append(run_prompts(s2, spare[1:2], args.max_new, "wide-warmup-warm")[0][0]["ttft_s"])
+    wait_files_stable(Path(p["cache_dir"]))
     with window("disk-warm"):
         warm = run_prompts(s2, first, args.max_new, "wide-disk-warm")
     with window("disk-steady"):
@@ -683,6 +688,7 @@ def third_run(args, st, p: dict, spare: list, prompts: list, wide: dict) -> dict
     s3 = ep.Server({**p, "env": {**p["env"], **env}}, args.site, st.logs, "wide-warm-third", args.tp, extra_path=extra)
     out = {"env": env, "switch_interval_s": args.switch_interval or None, "start_s": s3.start()}
     run_prompts(s3, spare, args.max_new, "wide-warmup-third")
+    wait_files_stable(Path(p["cache_dir"]))
     res = run_prompts(s3, prompts, args.max_new, "wide-disk-third")
     s3.stop_as_pod()
     base = wide["per_request"]["disk_warm"] + wide["per_request"]["disk_steady"]
