@@ -567,6 +567,7 @@ def step_wide(args, st, report: dict) -> None:
     # documents under the same fingerprint, and its files would serve this "cold" process from disk
     shutil.rmtree(args.work / "hicache-wide", ignore_errors=True)
     p = ep.plan(args.site, spec, model_dir, args.work / "hicache-wide", 30003, args.host)
+    cache = Path(p["cache_dir"])
     wide["fingerprint"] = p["fingerprint"]
     wide["extra_args"] = ep.yaml_doc(spec)["spec"]["runtime"].get("extraArgs", [])
     wide["host_kv_tokens"], wide["device_kv_tokens"] = (p["sizing"]["hostKVTokensPerRank"],
@@ -582,11 +583,7 @@ def step_wide(args, st, report: dict) -> None:
     spare = [[c[0]] for c in ep.conversations(3, 1, args.prompt_chars, first=len(st.convs) + 10)]
     s1 = ep.Server(p, args.site, st.logs, "wide-cold", args.tp, extra_path=shim)
     wide["start_cold_s"] = s1.start()
-    wide["warmup_ttft_s"] = [run_prompts(s1, spare[:1], args.max_new, "wide-warmup-cold")[0][0]["ttft_s"]]
-    # the warm-up's own write-back (an 8k-token prefix, about 180 MB) ends before the measured requests: on
-    # 2026-12-06 14:21 it still ran through the first disk hit (the fresh process's backup thread busy in 55 of 334
-    # samples), whose prefetch then shared the disk and the GIL with it and waited 0.20-0.31 s against 0.13-0.20
-    wait_files_stable(Path(p["cache_dir"]))
+    wide["warmup_ttft_s"] = [warm_up(s1, spare[:1], args.max_new, "wide-warmup-cold", p)]
     with window("cold"):
         cold = run_prompts(s1, first, args.max_new, "wide-cold")
     with window("cold-steady"):
@@ -596,13 +593,12 @@ def step_wide(args, st, report: dict) -> None:
     # hits of the disk hits' length (the saved state extended by the same compute as the restart's disk hits)
     with window("reuse"):
         reuse = [run_prompts(s1, first, args.max_new, f"wide-reuse-{k}") for k in (1, 2, 3)]
-    wait_files_stable(Path(p["cache_dir"]))
+    wait_files_stable(cache)
     wide["stop"] = s1.stop_as_pod()
-    wide["disk_read"] = disk_read_gbps(Path(p["cache_dir"]))  # drops the page cache before and after
+    wide["disk_read"] = disk_read_gbps(cache)  # drops the page cache before and after
     s2 = ep.Server(p, args.site, st.logs, "wide-warm", args.tp, extra_path=shim)
     wide["start_warm_s"] = s2.start()
-    wide["warmup_ttft_s"].append(run_prompts(s2, spare[1:2], args.max_new, "wide-warmup-warm")[0][0]["ttft_s"])
-    wait_files_stable(Path(p["cache_dir"]))
+    wide["warmup_ttft_s"].append(warm_up(s2, spare[1:2], args.max_new, "wide-warmup-warm", p))
     with window("disk-warm"):
         warm = run_prompts(s2, first, args.max_new, "wide-disk-warm")
     with window("disk-steady"):
@@ -630,6 +626,16 @@ def step_wide(args, st, report: dict) -> None:
         wide["profile"] = stack_sampler.summary(str(args.out / "profile"))
     if args.switch_interval or args.third_env:
         wide["third"] = third_run(args, st, p, spare[2:], first + fresh, wide)
+
+
+def warm_up(server: ep.Server, prompts: list[list[str]], max_new: int, label: str, p: dict) -> float:
+    """A process's first request (it compiles and autotunes for these shapes), then its write-back waited out: on
+    2026-12-06 14:21 an 8k-token warm-up's pages (about 180 MB) were still being written through the first disk hit
+    (the fresh process's backup thread busy in 55 of 334 samples), whose prefetch shared the disk and the GIL with
+    them and waited 0.20-0.31 s against 0.13-0.20. Its TTFT."""
+    ttft = run_prompts(server, prompts, max_new, label)[0][0]["ttft_s"]
+    wait_files_stable(Path(p["cache_dir"]))
+    return ttft
 
 
 def profiler(args) -> tuple[tuple[str, ...], object]:
@@ -687,8 +693,7 @@ def third_run(args, st, p: dict, spare: list, prompts: list, wide: dict) -> dict
     drop_page_cache(Path(p["cache_dir"]))
     s3 = ep.Server({**p, "env": {**p["env"], **env}}, args.site, st.logs, "wide-warm-third", args.tp, extra_path=extra)
     out = {"env": env, "switch_interval_s": args.switch_interval or None, "start_s": s3.start()}
-    run_prompts(s3, spare, args.max_new, "wide-warmup-third")
-    wait_files_stable(Path(p["cache_dir"]))
+    warm_up(s3, spare, args.max_new, "wide-warmup-third", p)
     res = run_prompts(s3, prompts, args.max_new, "wide-disk-third")
     s3.stop_as_pod()
     base = wide["per_request"]["disk_warm"] + wide["per_request"]["disk_steady"]
