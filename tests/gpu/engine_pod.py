@@ -291,8 +291,8 @@ PROBE_IDS = list(range(7, 4096, 16))
 
 
 def generate(host: str, port: int, text: str, max_new: int, top: int = 20, timeout: float = 120) -> dict:
-    """One greedy streamed request: time to first token, output ids, the first token's top log-probs and its
-    log-probs of PROBE_IDS, cache report."""
+    """One greedy streamed request: time to first token, output ids, each output token's log-prob (`lps`), the
+    first token's top log-probs and its log-probs of PROBE_IDS, cache report."""
     sampling = {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}
     body = json.dumps({"text": text, "stream": True, "return_logprob": True, "top_logprobs_num": top,
                        "token_ids_logprob": PROBE_IDS, "logprob_start_len": -1,
@@ -332,6 +332,7 @@ def generate(host: str, port: int, text: str, max_new: int, top: int = 20, timeo
               and any(w in k for w in ("wait", "queue", "latency", "_ts"))}  # fmt: skip
     return {"ttft_s": ttft, "total_s": time.time() - t, "ids": [int(i) for i in ids], "timing": timing,
             "first_top": _first_logprobs(tops), "first_probe": _first_logprobs(probes),
+            "lps": [float(row[0]) for row in toks if row and row[0] is not None],
             "prompt_tokens": meta.get("prompt_tokens"), "cached": meta.get("cached_tokens_details") or {},
             "cached_tokens": meta.get("cached_tokens")}  # fmt: skip
 

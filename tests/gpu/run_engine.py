@@ -245,10 +245,11 @@ def run_prompts(server: ep.Server, convs: list[list[str]], max_new: int, label: 
 def compare(ref: list[list[dict]], got: list[list[dict]]) -> dict:
     """Greedy tokens, the first token's top-20 log-probs (inf where the sets differ) and its log-probs of the fixed
     probe ids (ep.PROBE_IDS: always the same tokens, so a finite difference even where the top-20 sets differ)."""
-    same, total, worst, probe = 0, 0, 0.0, None
+    same, total, worst, probe, split = 0, 0, 0.0, None, []
     for rr, gr in zip(ref, got, strict=False):
         for a, b in zip(rr, gr, strict=False):
             total += 1
+            split.append(lp_split(a, b))
             same += a["ids"] == b["ids"]
             diff = _max_abs_diff(a.get("first_probe") or {}, b.get("first_probe") or {})
             if diff is not None:
@@ -257,7 +258,17 @@ def compare(ref: list[list[dict]], got: list[list[dict]]) -> dict:
             if set(a["first_top"]) != set(b["first_top"]):
                 worst = max(worst, float("inf"))
     return {"prompts": total, "tokens_identical": same, "all_identical": same == total,
-            "logits_max_abs_diff": worst, "logprob_ids_max_abs_diff": probe}  # fmt: skip
+            "logits_max_abs_diff": worst, "logprob_ids_max_abs_diff": probe, "lp_split_at": split}  # fmt: skip
+
+
+def lp_split(a: dict, b: dict) -> int | None:
+    """The first output position whose token or log-prob differs (None: none where both have one). Earlier than
+    the first differing token where the numbers drift before a near-tie flips."""
+    def rows(r: dict) -> list:
+        lps = r.get("lps") or []
+        return list(zip(r["ids"], lps, strict=True)) if len(lps) == len(r["ids"]) else list(r["ids"])
+
+    return next((i for i, (x, y) in enumerate(zip(rows(a), rows(b), strict=False)) if x != y), None)
 
 
 def _max_abs_diff(a: dict[int, float], b: dict[int, float]) -> float | None:
@@ -285,7 +296,8 @@ def ratio(num: float | None, den: float | None) -> float | None:
 
 
 def strip(res: list[list[dict]]) -> list[list[dict]]:
-    return [[{k: r.get(k) for k in ("ttft_s", "prompt_tokens", "cached", "ids", "timing")} for r in row] for row in res]
+    keep = ("ttft_s", "prompt_tokens", "cached", "ids", "lps", "timing")
+    return [[{k: r.get(k) for k in keep} for r in row] for row in res]
 
 
 def damage(d: Path, files_by_conv: list[set[str]], tp: int) -> dict:
@@ -562,7 +574,9 @@ def step_wide(args, st, report: dict) -> None:
     geometry["gpuWeightBytes"] = max(weights, 1)
     revision = model_dir.name + "-seed0"
     hicache = {"hostMemoryPerRankGB": args.wide_host_gb} if args.wide_host_gb else None
-    spec = ep.spec_file(args.work, args.tp, model={"geometry": geometry, "revision": revision}, hicache=hicache)
+    runtime = {"speculative": None} if args.no_speculative else {}  # a diagnostic: the draft's part in the tokens
+    spec = ep.spec_file(args.work, args.tp, model={"geometry": geometry, "revision": revision}, hicache=hicache,
+                        **runtime)  # fmt: skip
     # the cold process must start on an empty volume: a wide step earlier on the same warm machine wrote the same
     # documents under the same fingerprint, and its files would serve this "cold" process from disk
     shutil.rmtree(args.work / "hicache-wide", ignore_errors=True)
@@ -570,6 +584,7 @@ def step_wide(args, st, report: dict) -> None:
     cache = Path(p["cache_dir"])
     wide["fingerprint"] = p["fingerprint"]
     wide["extra_args"] = ep.yaml_doc(spec)["spec"]["runtime"].get("extraArgs", [])
+    wide["speculative"] = ep.yaml_doc(spec)["spec"]["runtime"].get("speculative")
     wide["host_kv_tokens"], wide["device_kv_tokens"] = (p["sizing"]["hostKVTokensPerRank"],
                                                         p["sizing"]["deviceKVTokensPerRank"])  # fmt: skip
     shim, window = profiler(args)
@@ -753,7 +768,8 @@ WIDE_KEYS = ("scale", "flat_router", "weight_bytes", "host_kv_tokens", "device_k
              "recompute_repeat", "disk_misses",
              "restore_steady_gbps", "third", "storage_hit_tokens_steady", "storage_hit_tokens",
              "tokens_identical", "prompts", "logits_max_abs_diff", "logprob_ids_max_abs_diff", "restore_gbps",
-             "disk_read_gbps", "restore_vs_disk", "extra_args", "prefetch_wait_s", "ttft_after_prefetch_s")  # fmt: skip
+             "disk_read_gbps", "restore_vs_disk", "extra_args", "speculative", "lp_split_at", "prefetch_wait_s",
+             "ttft_after_prefetch_s")  # fmt: skip
 ROUTER_KEYS = ("replicas", "policy", "conversations", "landed_before", "landed_after", "stayed", "warm",
                "storage_tokens_after", "deferred_deletes")  # fmt: skip
 
@@ -952,6 +968,8 @@ def main() -> int:
                     help="a condition of this run, kept in stand_ins (with --record: the record's notes)")
     ap.add_argument("--extra-arg", action="append", default=[],
                     help="appended to the spec's runtime.extraArgs, e.g. --extra-arg=--enable-deterministic-inference")
+    ap.add_argument("--no-speculative", action="store_true",
+                    help="wide step: runtime.speculative null (no MTP draft): the draft's part in token repeats")
     ap.add_argument("--cuda-graph", action="store_true",
                     help="CUDA graphs on: --disable-cuda-graph taken out of the spec's runtime.extraArgs")
     ap.add_argument("--engine-cmd", default="", help="CPU test only: run this, not the rendered command")

@@ -269,3 +269,12 @@ def test_prefetch_rates_are_the_restored_bytes_over_the_prefetch_waits_of_the_sa
     assert rates["prefetch_third"] == {"gbps": 1.0, "vs_disk": 0.5}  # the same two documents: 0.8 s
     wide["per_request"]["disk_warm"].append(row(0.3, storage=0))  # a recompute among them: no rate to give
     assert run_engine.prefetch_rates(wide)["prefetch"] == {"gbps": None, "vs_disk": None}
+
+
+def test_lp_split_finds_where_the_numbers_part_before_the_tokens_do() -> None:
+    a = {"ids": [5, 6, 7], "lps": [-0.1, -0.2, -0.3]}
+    assert run_engine.lp_split(a, dict(a)) is None
+    assert run_engine.lp_split(a, {"ids": [5, 6, 7], "lps": [-0.1, -0.25, -0.3]}) == 1  # same tokens, drifted
+    assert run_engine.lp_split(a, {"ids": [5, 6, 8], "lps": [-0.1, -0.2, -0.3]}) == 2
+    assert run_engine.lp_split({"ids": [5, 6]}, {"ids": [5, 7]}) == 1  # no log-probs: the tokens alone
+    assert run_engine.compare([[{**a, "first_top": {}}]], [[{**a, "first_top": {}}]])["lp_split_at"] == [None]
