@@ -7,7 +7,7 @@ from qwen_hicache.fingerprint import FINGERPRINT_VERSION, fingerprint, fingerpri
 from qwen_hicache.plan import parse_spec
 from resources import example, variant
 
-GOLDEN_EXAMPLE = "v1-2ccbeffcdc15a51d"
+GOLDEN_EXAMPLE = "v1-9c4c9ccd0cfe0cc8"
 
 
 def _fp(**changes: object) -> str:
