@@ -7,12 +7,15 @@ flash-attn-4 (FA4 cute). The runtime image installs FA4 from the lock; neither F
 answers that one call with a real flash-attention kernel when one is there, sglang-kernel's own FA3 build for
 Hopper (`sgl_kernel.flash_attn.flash_attn_varlen_func`, `flash_ops.abi3.so`, same arguments), and otherwise with
 the runtime's own Triton kernel for the same rows (`sparse_gqa_packed_decode_triton`, the backend's ROCm path,
-fed as the backend feeds it there). Stricter than FA2: anything but one query per row raises. The first call
-prints which kernel answered (the run's report quotes that line from the server log).
+fed as the backend feeds it there; `QHC_FLASH_ATTN=triton` in the server's environment picks it even where FA3
+is, a diagnostic of which kernel the decode's repeatability depends on). Stricter than FA2: anything but one
+query per row raises. The first call prints which kernel answered (the run's report quotes that line from the
+server log).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 __version__ = "0.0.0+qwen-hicache-engine-run-stand-in"
@@ -32,6 +35,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     try:
         from sgl_kernel.flash_attn import flash_attn_varlen_func as fa3
     except ImportError:
+        fa3 = None
+    if os.environ.get("QHC_FLASH_ATTN") == "triton":  # a diagnostic: the runtime's own kernel even where FA3 is
         fa3 = None
     if fa3 is not None:
         _say("sgl_kernel FA3 (flash_ops.abi3.so)")
