@@ -28,13 +28,12 @@ from qwen_hicache.render_router import worker_url
 from qwen_hicache.router import router_workers
 from qwen_hicache.spec import GROUP, PLURAL, VERSION
 from resources import operator_settings, variant
-from test_router_rollout import TEXTS, _router_ip
+from test_router_rollout import _router_ip, spread_landing
 
 from harness.inprocess import operator_thread
 from harness.polling import wait_for
 from harness.sim.cluster import SimCluster
 from harness.sim.node import NodeShape
-from harness.sim.routerlab import landing_replicas
 from harness.sim.routerpod import RouterPods
 
 pytestmark = pytest.mark.integration
@@ -509,7 +508,7 @@ def test_the_router_lists_exactly_the_group_leaders_and_requests_reach_only_lead
             raise AssertionError(f"{err}: router /workers went {seen}; cluster DNS {routers.dns.records}; "
                                  f"errors {routers.errors[:3]}") from None
         leader_urls = [f"http://{sim.pod_ip(namespace, f'{NAME}-{g}')}:{port}" for g in range(REPLICAS)]
-        landed = landing_replicas(f"http://{ip}:8000", model, TEXTS, leader_urls)  # an error here fails the test
+        _, landed = spread_landing(f"http://{ip}:8000", model, leader_urls)  # an error here fails the test
         assert sorted(set(landed)) == list(range(REPLICAS)), landed  # each request on one leader, both used
         assert router_workers(ip, 8000) == leaders
         assert not routers.errors, routers.errors[:3]

@@ -20,8 +20,21 @@ pytestmark = pytest.mark.integration
 SYSTEM = ("You are the support assistant of a large online shop; answer briefly and politely. " * 12)[:900]
 
 
-def _texts(first: int, n: int = 8) -> list[str]:
+def texts(first: int, n: int = 8) -> list[str]:
     return [f"{SYSTEM}\nuser-{c:03d}: my order {c * 7919} has not arrived, what now?" for c in range(first, first + n)]
+
+
+def spread_landing(router_url: str, model: str, engine_urls: list[str]) -> tuple[list[str], list[int]]:
+    """Conversations sent through the router, eight at a time (up to 64), until every replica holds some, and the
+    replica each landed on. Where one lands is a hash of its prefix on a ring placed by the pods' addresses, which
+    differ run to run: eight all landed on one of two replicas once. A replica the router never uses still shows."""
+    sent: list[str] = []
+    landed: list[int] = []
+    while len(sent) < 64 and sorted(set(landed)) != list(range(len(engine_urls))):
+        more = texts(len(sent))
+        landed += landing_replicas(router_url, model, more, engine_urls)
+        sent += more
+    return sent, landed
 
 
 def _router_ip(kube_api: client.ApiClient, ns: str) -> str | None:
@@ -47,15 +60,7 @@ def test_rolling_restart_through_the_router_keeps_conversations_on_their_replica
         def engines() -> list[str]:
             return [f"http://{sim.pod_ip(namespace, f'{NAME}-{i}')}:30000" for i in range(2)]
 
-        # Where a conversation lands is a hash of its prefix on a ring placed by the pods' addresses, which differ
-        # run to run: eight can all land on one replica (seen once in a fresh-clone run). More conversations,
-        # eight at a time, until both replicas hold some (a replica the router never uses still fails).
-        texts = _texts(0)
-        before = landing_replicas(url, model, texts, engines())
-        while sorted(set(before)) != [0, 1] and len(texts) < 64:
-            more = _texts(len(texts))
-            before += landing_replicas(url, model, more, engines())
-            texts += more
+        sent, before = spread_landing(url, model, engines())
         assert sorted(set(before)) == [0, 1], before
         _patch(custom, namespace, {"restart": "r1"})
         obj = eventually(lambda: _restart_phase(custom, namespace, "Complete", "Paused"), timeout=ROLLOUT_TIMEOUT)
@@ -66,5 +71,5 @@ def test_rolling_restart_through_the_router_keeps_conversations_on_their_replica
             set(w["routers"].values()) == {"ready"} for w in (o["status"].get("router") or {}).get("workers") or [{}]
         ) and o, timeout=60)
         assert obj["status"]["router"]["drained"] == [] and obj["status"]["router"]["policy"] == "prefix_hash"
-        assert landing_replicas(url, model, texts, engines()) == before
+        assert landing_replicas(url, model, sent, engines()) == before
         assert not routers.errors, routers.errors[:3]
