@@ -585,6 +585,7 @@ def step_wide(args, st, report: dict) -> None:
     wide["fingerprint"] = p["fingerprint"]
     wide["extra_args"] = ep.yaml_doc(spec)["spec"]["runtime"].get("extraArgs", [])
     wide["speculative"] = ep.yaml_doc(spec)["spec"]["runtime"].get("speculative")
+    wide["ordered_hc_mix"] = args.ordered_hc_mix  # a diagnostic, not the image's runtime
     wide["host_kv_tokens"], wide["device_kv_tokens"] = (p["sizing"]["hostKVTokensPerRank"],
                                                         p["sizing"]["deviceKVTokensPerRank"])  # fmt: skip
     shim, window = profiler(args)
@@ -654,8 +655,9 @@ def warm_up(server: ep.Server, prompts: list[list[str]], max_new: int, label: st
 
 
 def profiler(args) -> tuple[tuple[str, ...], object]:
-    """`--profile`: the servers' path gets a sitecustomize that starts tests/gpu/stack_sampler.py in every server
-    process, and `window(name)` samples while its block runs (stacks under OUT/profile). Otherwise nothing."""
+    """The servers' `sitecustomize`: with `--profile` it starts tests/gpu/stack_sampler.py in every server process,
+    and `window(name)` samples while its block runs (stacks under OUT/profile); with `--ordered-hc-mix` it installs
+    tests/gpu/ordered_hc_mix.py. Otherwise nothing."""
     flag = args.work / "profile-window"
     flag.unlink(missing_ok=True)
 
@@ -668,14 +670,16 @@ def profiler(args) -> tuple[tuple[str, ...], object]:
         finally:
             flag.unlink(missing_ok=True)
 
-    if not args.profile:
+    hooks = (["import stack_sampler", "stack_sampler.start()"] if args.profile else []) + (
+        ["import ordered_hc_mix", "ordered_hc_mix.install()"] if args.ordered_hc_mix else [])  # fmt: skip
+    if not hooks:
         return (), window
     shim, out = args.work / "profile-shim", args.out / "profile"
     shim.mkdir(parents=True, exist_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (shim / "sitecustomize.py").write_text(f"import sys\nsys.path.insert(0, {str(HERE)!r})\n"
-                                           "import stack_sampler\nstack_sampler.start()\n")  # fmt: skip
-    os.environ.update(QHC_PROFILE_FLAG=str(flag), QHC_PROFILE_DIR=str(out))
+    (shim / "sitecustomize.py").write_text("\n".join([f"import sys\nsys.path.insert(0, {str(HERE)!r})", *hooks, ""]))
+    if args.profile:
+        out.mkdir(parents=True, exist_ok=True)
+        os.environ.update(QHC_PROFILE_FLAG=str(flag), QHC_PROFILE_DIR=str(out))
     return (str(shim),), window
 
 
@@ -768,8 +772,8 @@ WIDE_KEYS = ("scale", "flat_router", "weight_bytes", "host_kv_tokens", "device_k
              "recompute_repeat", "disk_misses",
              "restore_steady_gbps", "third", "storage_hit_tokens_steady", "storage_hit_tokens",
              "tokens_identical", "prompts", "logits_max_abs_diff", "logprob_ids_max_abs_diff", "restore_gbps",
-             "disk_read_gbps", "restore_vs_disk", "extra_args", "speculative", "lp_split_at", "prefetch_wait_s",
-             "ttft_after_prefetch_s")  # fmt: skip
+             "disk_read_gbps", "restore_vs_disk", "extra_args", "speculative", "ordered_hc_mix", "lp_split_at",
+             "prefetch_wait_s", "ttft_after_prefetch_s")  # fmt: skip
 ROUTER_KEYS = ("replicas", "policy", "conversations", "landed_before", "landed_after", "stayed", "warm",
                "storage_tokens_after", "deferred_deletes")  # fmt: skip
 
@@ -968,6 +972,8 @@ def main() -> int:
                     help="a condition of this run, kept in stand_ins (with --record: the record's notes)")
     ap.add_argument("--extra-arg", action="append", default=[],
                     help="appended to the spec's runtime.extraArgs, e.g. --extra-arg=--enable-deterministic-inference")
+    ap.add_argument("--ordered-hc-mix", action="store_true",
+                    help="wide step: the decode's hyper-connection mix in a fixed order (tests/gpu/ordered_hc_mix.py)")
     ap.add_argument("--no-speculative", action="store_true",
                     help="wide step: runtime.speculative null (no MTP draft): the draft's part in token repeats")
     ap.add_argument("--cuda-graph", action="store_true",

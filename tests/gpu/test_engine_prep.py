@@ -278,3 +278,28 @@ def test_lp_split_finds_where_the_numbers_part_before_the_tokens_do() -> None:
     assert run_engine.lp_split(a, {"ids": [5, 6, 8], "lps": [-0.1, -0.2, -0.3]}) == 2
     assert run_engine.lp_split({"ids": [5, 6]}, {"ids": [5, 7]}) == 1  # no log-probs: the tokens alone
     assert run_engine.compare([[{**a, "first_top": {}}]], [[{**a, "first_top": {}}]])["lp_split_at"] == [None]
+
+
+def test_ordered_hc_mix_makes_every_server_process_skip_the_atomic_mix(tmp_path: Path) -> None:
+    """`--ordered-hc-mix`: the servers' sitecustomize patches the runtime's own hc_mix module as it loads."""
+    import os
+    from types import SimpleNamespace
+
+    from harness.sim.sglang_tree import patched_sglang_tree
+
+    tree = str(patched_sglang_tree())
+    shim, _ = run_engine.profiler(SimpleNamespace(work=tmp_path, out=tmp_path / "out", profile=False,
+                                                  ordered_hc_mix=True))  # fmt: skip
+    code = ("from sglang.kernels.ops.gemm.hc_mix import fused_hc_mix_supported, _deterministic_inference as d\n"
+            "import sglang.kernels.ops.gemm.hc_mix as m\nprint(m._deterministic_inference(), d())")  # fmt: skip
+
+    def run(path: list[str]) -> str:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout.split("\n")[-2]
+
+    assert run([*shim, tree]) == "True True"  # the module's own check, as fused_hc_mix_supported calls it
+    assert run([tree]) == "False False"
+    assert run_engine.profiler(SimpleNamespace(work=tmp_path, out=tmp_path / "o", profile=False,
+                                               ordered_hc_mix=False))[0] == ()  # fmt: skip
