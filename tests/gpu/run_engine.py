@@ -583,12 +583,12 @@ def step_wide(args, st, report: dict) -> None:
     p = ep.plan(args.site, spec, model_dir, args.work / "hicache-wide", 30003, args.host)
     cache = Path(p["cache_dir"])
     wide["fingerprint"] = p["fingerprint"]
-    wide["extra_args"] = ep.yaml_doc(spec)["spec"]["runtime"].get("extraArgs", [])
-    wide["speculative"] = ep.yaml_doc(spec)["spec"]["runtime"].get("speculative")
+    rendered_runtime = ep.yaml_doc(spec)["spec"]["runtime"]
+    wide["extra_args"], wide["speculative"] = rendered_runtime.get("extraArgs", []), rendered_runtime.get("speculative")
     wide["ordered_hc_mix"] = args.ordered_hc_mix  # a diagnostic, not the image's runtime
     wide["host_kv_tokens"], wide["device_kv_tokens"] = (p["sizing"]["hostKVTokensPerRank"],
                                                         p["sizing"]["deviceKVTokensPerRank"])  # fmt: skip
-    shim, window = profiler(args)
+    shim, window = server_hooks(args)
     first = [[c[0]] for c in st.convs]
     # as many other documents of the same size: asked after the first turns, when each process has compiled and
     # autotuned its kernels for these shapes, they give the steady cold prefill and the steady restore
@@ -654,7 +654,7 @@ def warm_up(server: ep.Server, prompts: list[list[str]], max_new: int, label: st
     return ttft
 
 
-def profiler(args) -> tuple[tuple[str, ...], object]:
+def server_hooks(args) -> tuple[tuple[str, ...], object]:
     """The servers' `sitecustomize`: with `--profile` it starts tests/gpu/stack_sampler.py in every server process,
     and `window(name)` samples while its block runs (stacks under OUT/profile); with `--ordered-hc-mix` it installs
     tests/gpu/ordered_hc_mix.py. Otherwise nothing."""
@@ -674,7 +674,7 @@ def profiler(args) -> tuple[tuple[str, ...], object]:
         ["import ordered_hc_mix", "ordered_hc_mix.install()"] if args.ordered_hc_mix else [])  # fmt: skip
     if not hooks:
         return (), window
-    shim, out = args.work / "profile-shim", args.out / "profile"
+    shim, out = args.work / "site-hooks", args.out / "profile"
     shim.mkdir(parents=True, exist_ok=True)
     (shim / "sitecustomize.py").write_text("\n".join([f"import sys\nsys.path.insert(0, {str(HERE)!r})", *hooks, ""]))
     if args.profile:

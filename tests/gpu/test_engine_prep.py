@@ -288,7 +288,7 @@ def test_ordered_hc_mix_makes_every_server_process_skip_the_atomic_mix(tmp_path:
     from harness.sim.sglang_tree import patched_sglang_tree
 
     tree = str(patched_sglang_tree())
-    shim, _ = run_engine.profiler(SimpleNamespace(work=tmp_path, out=tmp_path / "out", profile=False,
+    shim, _ = run_engine.server_hooks(SimpleNamespace(work=tmp_path, out=tmp_path / "out", profile=False,
                                                   ordered_hc_mix=True))  # fmt: skip
     code = ("from sglang.kernels.ops.gemm.hc_mix import fused_hc_mix_supported, _deterministic_inference as d\n"
             "import sglang.kernels.ops.gemm.hc_mix as m\nprint(m._deterministic_inference(), d())")  # fmt: skip
@@ -301,5 +301,5 @@ def test_ordered_hc_mix_makes_every_server_process_skip_the_atomic_mix(tmp_path:
 
     assert run([*shim, tree]) == "True True"  # the module's own check, as fused_hc_mix_supported calls it
     assert run([tree]) == "False False"
-    assert run_engine.profiler(SimpleNamespace(work=tmp_path, out=tmp_path / "o", profile=False,
+    assert run_engine.server_hooks(SimpleNamespace(work=tmp_path, out=tmp_path / "o", profile=False,
                                                ordered_hc_mix=False))[0] == ()  # fmt: skip

@@ -15,6 +15,7 @@ server log).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -32,12 +33,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            causal=False, **kwargs):  # fmt: skip
     if max_seqlen_q != 1 or kwargs:
         raise NotImplementedError(f"stand-in flash_attn: max_seqlen_q={max_seqlen_q}, extra {sorted(kwargs)}")
-    try:
-        from sgl_kernel.flash_attn import flash_attn_varlen_func as fa3
-    except ImportError:
-        fa3 = None
-    if os.environ.get("QHC_FLASH_ATTN") == "triton":  # a diagnostic: the runtime's own kernel even where FA3 is
-        fa3 = None
+    fa3 = None
+    if os.environ.get("QHC_FLASH_ATTN") != "triton":  # triton: a diagnostic, the runtime's own kernel even with FA3
+        with contextlib.suppress(ImportError):
+            from sgl_kernel.flash_attn import flash_attn_varlen_func as fa3
     if fa3 is not None:
         _say("sgl_kernel FA3 (flash_ops.abi3.so)")
         out = fa3(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
