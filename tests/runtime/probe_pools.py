@@ -1,7 +1,7 @@
 """CPU host pools and a HiCacheFile of one sglang tree, for the probes (import after the tree is on sys.path).
 
-The tree's own classes: ``MHATokenToKVPoolHost`` (page_first), ``MambaPoolHost`` (two layers plus the PLE side
-state), ``QSAIndexerPoolHost`` and ``HiCacheFile``; pinned memory off (CPU).
+The tree's own classes: ``MHATokenToKVPoolHost`` (page_first unless asked), ``MambaPoolHost`` (two layers plus the PLE
+side state), ``QSAIndexerPoolHost`` and ``HiCacheFile``; pinned memory off (CPU).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def ptrs(layers: tuple[torch.Tensor, ...]) -> torch.Tensor:
     return torch.tensor([t.data_ptr() for t in layers], dtype=torch.uint64)
 
 
-def kv_host(pages: int = 4) -> MHATokenToKVPoolHost:
+def kv_host(pages: int = 4, layout: str = "page_first") -> MHATokenToKVPoolHost:
     layers, heads, dim = 2, 2, 16
     k = tuple(torch.zeros(PAGE * pages, heads, dim, dtype=torch.bfloat16) for _ in range(layers))
     v = tuple(torch.zeros(PAGE * pages, heads, dim, dtype=torch.bfloat16) for _ in range(layers))
@@ -60,7 +60,7 @@ def kv_host(pages: int = 4) -> MHATokenToKVPoolHost:
         2.0,
         0,
         PAGE,
-        "page_first",
+        layout,
         pin_memory=False,
         device_capacity_tokens=PAGE * pages,
         start_layer=0,
@@ -68,7 +68,7 @@ def kv_host(pages: int = 4) -> MHATokenToKVPoolHost:
     )
 
 
-def mamba_host(host_slots: int | None = None) -> MambaPoolHost:
+def mamba_host(host_slots: int | None = None, layout: str = "page_first") -> MambaPoolHost:
     """Two Mamba layers plus PLE side state (conv window, n-gram context) in each slot."""
     layers, slots = 2, 8
     info = MambaStateBufferInfo(
@@ -80,7 +80,7 @@ def mamba_host(host_slots: int | None = None) -> MambaPoolHost:
         ),
     )
     kwargs = {} if host_slots is None else {"host_slots": host_slots}
-    return MambaPoolHost(info, 2.0, 0, device_capacity=slots, pin_memory=False, layout="page_first", **kwargs)
+    return MambaPoolHost(info, 2.0, 0, device_capacity=slots, pin_memory=False, layout=layout, **kwargs)
 
 
 def qsa_host(anchor: MHATokenToKVPoolHost) -> QSAIndexerPoolHost:
