@@ -7,7 +7,7 @@ from qwen_hicache.fingerprint import FINGERPRINT_VERSION, fingerprint, fingerpri
 from qwen_hicache.plan import parse_spec
 from resources import example, variant
 
-GOLDEN_EXAMPLE = "v1-9c4c9ccd0cfe0cc8"
+GOLDEN_EXAMPLE = "v1-ebed06f37617da28"
 
 
 def _fp(**changes: object) -> str:
