@@ -313,12 +313,16 @@ def startup(files: int) -> dict:
     return {"name": "startup", "startup_s": seconds, "tmp_left": sum(n.endswith(".tmp") for n in os.listdir(crowd))}
 
 
+DIRECT_READ = "SGLANG_HICACHE_FILE_DIRECT_READ"
+
+
 def restore(spec: dict, g: dict) -> dict:
     """One request's disk hit (``pages`` KV pages, their QSA index sidecars, the Mamba state of the last) written by
     the tree's backup thread, then read back, page cache dropped before each read, ``repeat`` times each way: by the
     hybrid controller's own ``_page_transfer`` of a ``PrefetchOperation`` (``_generic_page_get`` in 128-page
-    batches with the KV-derived index sidecar, then the Mamba state, as the prefetch thread runs it) and by a plain
-    ``readinto`` of every file: GB/s of the files' bytes."""
+    batches with the KV-derived index sidecar, then the Mamba state, as the prefetch thread runs it), on a tree with
+    patch 0012 also with its direct read off (staging pages, as qhc.11), and by a plain ``readinto`` of every file:
+    GB/s of the files' bytes."""
     pages, work = spec["pages"], WORK / "restore"
     (work / "pages").mkdir(parents=True)
     backend = store(work / "pages", 0, 1)
@@ -349,7 +353,22 @@ def restore(spec: dict, g: dict) -> dict:
             with open(f, "rb", buffering=0) as fh:
                 fh.readinto(buf)
 
+    def staging_path() -> None:
+        """The same transfer with patch 0012's direct read off (SGLANG_HICACHE_FILE_DIRECT_READ=0): each page read
+        into a staging page, then copied into the host pool, as series qhc.11 read it."""
+        old = os.environ.get(DIRECT_READ)
+        os.environ[DIRECT_READ] = "0"
+        try:
+            prefetch_path()
+        finally:
+            if old is None:
+                os.environ.pop(DIRECT_READ)
+            else:
+                os.environ[DIRECT_READ] = old
+
     reads = [("plain", plain), ("prefetch", prefetch_path)]
+    if hasattr(hs, "_direct_read_enabled"):  # a tree with patch 0012: its staging read beside the direct one
+        reads.append(("prefetch_staging", staging_path))
     if spec.get("scheduler_pass_ms") is not None:
         reads += [(f"beside_{name}", beside_scheduler(prefetch_path, spec["scheduler_pass_ms"] / 1e3, interval))
                   for name, interval in (("sleep0", "0"), ("poll", None))]  # fmt: skip

@@ -6,9 +6,10 @@ bench asks how much of that gap the storage code itself makes, on CPU, with the 
 interpreter (bench/file_tier_worker.py, ``restore``): one request's disk hit as Flash-Next's geometry makes it
 (``--pages`` KV pages of 12 full-attention layers x 256-wide K and V (768 KiB), their QSA index sidecars, the
 Mamba state of the last page: 36 layers x 32 heads x 128 x 128 fp32, 75 MiB), written by the tree's backup thread,
-then read with the page cache dropped before each read: by ``_generic_page_get`` (128-page batches, verified,
-copied into the host pool) plus the sidecars through ``HiCacheFile.batch_get_v2``, and by a plain ``readinto`` of
-every file (the baseline, in the same run, alternating which goes first).
+then read with the page cache dropped before each read: by ``_generic_page_get`` (128-page batches, verified)
+plus the sidecars through ``HiCacheFile.batch_get_v2``, read straight into the host pools (patch 0012); the same
+with ``SGLANG_HICACHE_FILE_DIRECT_READ=0`` (each page read into a staging page, then copied into the pool, as series
+qhc.11 read); and by a plain ``readinto`` of every file (the baseline), in the same run, rotating which goes first.
 
 What it leaves out, and the GPU run has: pinned host memory, the L3 query and the queueing before the read, and
 (unless ``--scheduler``) the scheduler thread beside the prefetch thread. With ``--scheduler PASS_MS`` the prefetch
@@ -39,6 +40,7 @@ TARGET = 0.8  # issue 23: restore >= 0.8x of the disk's own read
 DEEP = {"layers": 12, "heads": 1, "dim": 256, "mamba_layers": 36, "mamba_heads": 32, "mamba_dim": 128,
         "index_layers": 12, "index_width": 128}  # fmt: skip
 READS = {"prefetch_gbps": "prefetch path",
+         "prefetch_staging_gbps": "  staging read (0012 off, as qhc.11)",
          "beside_sleep0_gbps": "  beside the idle loop, sleep(0)",
          "beside_poll_gbps": "  beside the idle loop, poll (0010)"}  # fmt: skip
 SMOKE = {"layers": 1, "heads": 1, "dim": 16, "mamba_layers": 1, "mamba_heads": 1, "mamba_dim": 8,

@@ -16,5 +16,5 @@ def test_restore_path_bench_smoke(wheel: Path, tmp_path: Path):
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("one disk hit: 7 files"), proc.stdout  # 3 KV pages, 3 index sidecars, 1 Mamba state
     rows = [ln.strip().split("  ")[0] for ln in lines[2:-1]]
-    assert rows == ["plain readinto", "prefetch path", "beside the idle loop, sleep(0)",
-                    "beside the idle loop, poll (0010)"], proc.stdout  # fmt: skip
+    assert rows == ["plain readinto", "prefetch path", "staging read (0012 off, as qhc.11)",
+                    "beside the idle loop, sleep(0)", "beside the idle loop, poll (0010)"], proc.stdout  # fmt: skip

@@ -6,6 +6,10 @@ backup thread, then reads it back twice through the hybrid controller's own ``_p
 128 and 2 with each page's QSA index sidecar, then the Mamba state into another slot), the host pools cleared before
 each read. Pinning itself needs CUDA; on CPU the probe counts the dummy pages each host pool makes (each one is
 allocated pinned on a GPU server, ``pin_memory=True``) and the distinct buffers the file tier reads into.
+
+Since patch 0012 the page-first pools here are read in place (test_runtime_file_tier_direct_read.py); this staging
+path is what its switch at 0 (SGLANG_HICACHE_FILE_DIRECT_READ=0) and layer_first pools still take, so the probe runs
+with the switch at 0.
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ PAGES = 130  # two KV batches: 128 + 2
 
 
 def _staging(tree: Path, work: Path) -> dict:
-    return run_scenario("file_tier_identity_probe.py", tree, work, "staging")
+    # Patch 0012 reads page-first pools in place; its switch at 0 keeps this path (and layer_first pools take it).
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SGLANG_HICACHE_FILE_DIRECT_READ", "0")
+        return run_scenario("file_tier_identity_probe.py", tree, work, "staging")
 
 
 @pytest.fixture(scope="module")
