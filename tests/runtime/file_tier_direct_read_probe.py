@@ -177,8 +177,9 @@ def _page_state(got: torch.Tensor, want: torch.Tensor, other: torch.Tensor | Non
     return "partly_written"
 
 
-def _read(b: dict, spy: _Spy) -> dict:
-    """The controller's own prefetch transfer into host pages PAGES..2*PAGES-1 and Mamba slot 1."""
+def _read(b: dict, spy: _Spy, tail_freed_at_ack: bool = True) -> dict:
+    """The controller's own prefetch transfer into host pages PAGES..2*PAGES-1 and Mamba slot 1; with
+    tail_freed_at_ack False, the operation says its controller frees the unfinished tail itself (at termination)."""
     from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
     from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import PrefetchOperation
 
@@ -190,6 +191,7 @@ def _read(b: dict, spy: _Spy) -> dict:
                         hit_policy=hs.PoolHitPolicy.TRAILING_PAGES)])  # fmt: skip
     operation.hash_value = keys
     operation.host_indices = torch.arange(PAGES * PAGE, 2 * PAGES * PAGE, dtype=torch.int64)
+    operation.ack_releases_incomplete_host_indices = tail_freed_at_ack
     with spy.recording():
         ctrl._page_transfer(operation)
     acks = [ctrl.prefetch_sync_queue.get_nowait() for _ in range(ctrl.prefetch_sync_queue.qsize())]
@@ -218,6 +220,8 @@ def roundtrip() -> dict:
     with _switch(None):  # the default: the switch unset
         b = _backed_up(WORK / "rt-default", "page_first")
         out["default"] = _read(b, _Spy(b["store"], b["pools"]))
+        b = _backed_up(WORK / "rt-tail-freed-at-termination", "page_first")
+        out["tail_freed_at_termination"] = _read(b, _Spy(b["store"], b["pools"]), tail_freed_at_ack=False)
     return out
 
 

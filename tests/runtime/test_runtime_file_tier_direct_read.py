@@ -58,6 +58,15 @@ def test_page_first_layouts_read_into_the_pools_with_no_staging(patched: dict):
     assert rt["default"] == rt["page_first"]["1"]  # the switch unset: on
 
 
+def test_kv_pages_go_through_staging_where_the_tail_could_be_freed_while_a_read_is_in_flight(patched: dict):
+    # An operation whose controller frees the unfinished tail at termination, not after the final ack: a direct
+    # read still in flight could rewrite pages already handed to another node, so its KV pages are staged.
+    read = patched["roundtrip"]["tail_freed_at_termination"]
+    assert (read["kv"], read["index"], read["mamba"]) == (ALL, ALL, "exact")
+    assert (read["staging_pages"], read["preadv_elsewhere"]) == (PAGES, PAGES)
+    assert read["preadv_into_pool"] == PAGES + 1  # the sidecars: hybrid operations only, freed at the ack
+
+
 def test_layer_first_keeps_staging_for_kv_and_index_the_state_reads_in_place(patched: dict):
     rt = patched["roundtrip"]
     assert rt["has_spans"]["layer_first"] == {"kv": False, "indexer": False, "mamba": True}  # Mamba: page-first only
