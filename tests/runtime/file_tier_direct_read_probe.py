@@ -309,8 +309,11 @@ def _safety_case(switch: str, hybrid: bool, damaged: str) -> dict:
     live_before = [kv.get_data_page(int(live_kv[i * PAGE])).clone() for i in range(2)]
     live_state_before = mamba.get_data_page(int(live_state[0])).clone()
     free_before = (kv.available_size(), mamba.available_size())
-    bad = kv_file(store, hashes[BAD]) if damaged == "kv" else (
-        Path(store.file_path) / f"{store._get_component_key(hashes[-1], MAMBA)}.bin")
+    bad = (
+        kv_file(store, hashes[BAD])
+        if damaged == "kv"
+        else (Path(store.file_path) / f"{store._get_component_key(hashes[-1], MAMBA)}.bin")
+    )
     data = bytearray(bad.read_bytes())
     data[-7] ^= 0x10
     bad.write_bytes(bytes(data))
@@ -330,21 +333,8 @@ def _safety_case(switch: str, hybrid: bool, damaged: str) -> dict:
         # host_indices[:completed_tokens] stood in for (the tree itself is not built here).
         _handle_prefetch_result=lambda op: handled.append(_handle(cache, op)),
     )  # fmt: skip
-    request = shp.CacheRequestHandle(rid=f"r{hybrid}", attempt_id=0)
-    comp_xfers = {}
-    if hybrid:
-        comp_xfers[shp.ComponentType.MAMBA] = [hs.PoolTransfer(
-            name=MAMBA, keys=["__placeholder__"], hit_policy=hs.PoolHitPolicy.TRAILING_PAGES)]  # fmt: skip
-    op = shp.PrefetchOperation(request, tokens, None,
-                               pool_transfers=[x for v in comp_xfers.values() for x in v] or None)  # fmt: skip
-    op.hash_value, op.all_hash_values, op.storage_hit_count = list(hashes), list(hashes), len(tokens)
-    op.stats_requested_tokens = len(tokens)
-    cache.ongoing_prefetch[request] = cache.OngoingPrefetch(0, tokens, None, op, None, comp_xfers)
-    ctrl.prefetch_tokens_occupied = len(tokens)
-    ctrl.prefetch_hit_queue.put(op)
-    cache._drain_storage_control_queues_impl(
-        n_storage_hit=1, n_ack_prefetch=0, n_backup=0, n_release=None, extra_release_counts=None,
-        log_metrics=False)  # fmt: skip
+    op = shp.admit_prefetch(cache, ctrl, f"r{hybrid}", tokens, hashes, hybrid)
+    request = op.handle
     ctrl.prefetch_buffer.get()
     host = [int(x) for x in op.host_indices[::PAGE]]
     slot = [int(x) for x in op.pool_transfers[0].host_indices] if hybrid else []

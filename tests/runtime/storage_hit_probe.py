@@ -146,6 +146,30 @@ def controller(group: HostPoolGroup, store: hs.HiCacheFile) -> HybridCacheContro
     return ctrl
 
 
+def admit_prefetch(cache, ctrl, rid: str, tokens: list, hashes: list, hybrid: bool) -> PrefetchOperation:
+    """The prefetch as UnifiedRadixCache's prefetch start builds it (MambaComponent's PREFETCH placeholder
+    transfer), after the hit query found every page (what _storage_hit_query leaves on it), through the scheduler's
+    own storage-hit drain (allocate_storage_hit)."""
+    request = CacheRequestHandle(rid=rid, attempt_id=0)
+    comp_xfers = {}
+    if hybrid:
+        comp_xfers[ComponentType.MAMBA] = [
+            hs.PoolTransfer(
+                name=hs.PoolName.MAMBA, keys=["__placeholder__"], hit_policy=hs.PoolHitPolicy.TRAILING_PAGES
+            )
+        ]
+    op = PrefetchOperation(request, tokens, None, pool_transfers=[x for v in comp_xfers.values() for x in v] or None)
+    op.hash_value, op.all_hash_values, op.storage_hit_count = list(hashes), list(hashes), len(tokens)
+    op.stats_requested_tokens = len(tokens)
+    cache.ongoing_prefetch[request] = cache.OngoingPrefetch(0, tokens, None, op, None, comp_xfers)
+    ctrl.prefetch_tokens_occupied = len(tokens)
+    ctrl.prefetch_hit_queue.put(op)
+    cache._drain_storage_control_queues_impl(
+        n_storage_hit=1, n_ack_prefetch=0, n_backup=0, n_release=None, extra_release_counts=None, log_metrics=False
+    )
+    return op
+
+
 def run_scenario(name: str, *, hybrid: bool, others_evictable: bool) -> dict:
     # The runtime's own budget snapshot (64 MiB for two pools of a few hundred KiB): the machine's free-memory
     # check would otherwise fail the probe whenever other work on a shared runner holds the cgroup's memory.
@@ -203,25 +227,8 @@ def run_scenario(name: str, *, hybrid: bool, others_evictable: bool) -> dict:
             alloc_prefetch_staging=lambda n: mamba.alloc(n), buffer_belief_policy=lambda pool: None)},
     )  # fmt: skip
 
-    # The prefetch as UnifiedRadixCache's prefetch start builds it (MambaComponent's PREFETCH placeholder
-    # transfer), after the hit query found all HIT_PAGES pages (what _storage_hit_query leaves on it).
-    request = CacheRequestHandle(rid="r1", attempt_id=0)
-    comp_xfers = {}
-    if hybrid:
-        comp_xfers[ComponentType.MAMBA] = [
-            hs.PoolTransfer(
-                name=hs.PoolName.MAMBA, keys=["__placeholder__"], hit_policy=hs.PoolHitPolicy.TRAILING_PAGES
-            )
-        ]
-    op = PrefetchOperation(request, tokens, None, pool_transfers=[x for v in comp_xfers.values() for x in v] or None)
-    op.hash_value, op.all_hash_values, op.storage_hit_count = list(hashes), list(hashes), len(tokens)
-    op.stats_requested_tokens = len(tokens)
-    cache.ongoing_prefetch[request] = cache.OngoingPrefetch(0, tokens, None, op, None, comp_xfers)
-    ctrl.prefetch_tokens_occupied = len(tokens)
-    ctrl.prefetch_hit_queue.put(op)
-    cache._drain_storage_control_queues_impl(
-        n_storage_hit=1, n_ack_prefetch=0, n_backup=0, n_release=None, extra_release_counts=None, log_metrics=False
-    )
+    op = admit_prefetch(cache, ctrl, "r1", tokens, hashes, hybrid)
+    request = op.handle
     queued = not ctrl.prefetch_buffer.empty()
     out = {
         "stored": stored,
