@@ -33,6 +33,7 @@ def test_golden_fingerprint_of_the_example() -> None:
     {"spec.hicache.memLayout": "page_first_direct", "spec.hicache.ioBackend": "direct"},
     {"spec.model.geometry": {"numKeyValueHeads": 4}},
     {"spec.runtime.extraArgs": ["--json-model-override-args", '{"x": 1}']},
+    {"spec.runtime.extraArgs": ["--enable-deterministic-inference"]},
 ], ids=lambda c: ",".join(c))
 def test_every_byte_affecting_input_changes_the_fingerprint(changes: dict) -> None:
     assert _fp(**changes) != GOLDEN_EXAMPLE
@@ -67,3 +68,22 @@ def test_runtime_series_matches_the_patch_manifest() -> None:
     from resources import ROOT
 
     assert json.loads((ROOT / "runtime_patches" / "manifest.json").read_text())["series_version"] == RUNTIME_SERIES
+
+
+@pytest.mark.parametrize(("written", "spelled_out"), [
+    (["--json-model-override", '{"x": 1}'], ["--json-model-override-args", '{"x": 1}']),
+    (["--json-model-override={\"x\": 1}"], ["--json-model-override-args={\"x\": 1}"]),
+    (["--enable-deterministic"], ["--enable-deterministic-inference"]),
+])
+def test_an_abbreviation_the_runtime_accepts_is_the_flag(written: list[str], spelled_out: list[str]) -> None:
+    """argparse reads an unambiguous prefix as the flag, so the cache must too (else a changed model override,
+    abbreviated, would reuse pages of the old one)."""
+    assert _fp(**{"spec.runtime.extraArgs": written}) == _fp(**{"spec.runtime.extraArgs": spelled_out})
+    assert _fp(**{"spec.runtime.extraArgs": written}) != GOLDEN_EXAMPLE
+
+
+def test_a_switch_takes_no_value() -> None:
+    """The deterministic switch has no value: the flag after it is read as a flag, not swallowed as its value."""
+    args = ["--enable-deterministic-inference", "--json-model-override-args", '{"x": 1}', "--log-level", "debug"]
+    inputs = fingerprint_inputs(parse_spec(variant(**{"spec.runtime.extraArgs": args})["spec"]))
+    assert inputs["modelOverrides"] == args[:3]

@@ -9,8 +9,9 @@ Inputs (documented in the README; `FINGERPRINT_VERSION` changes when this list c
 runtime image (digest when given by digest) and runtime parent + patch series, model revision, served
 name, resolved geometry, dtype, quantization, KV cache dtype, Mamba SSM and conv dtypes, page size,
 memory layout, IO backend, speculative algorithm and draft layers, TP and PP size, and any extra runtime
-flag that overrides the model's configuration; across nodes also the node count and the ranks per node (the same
-TP size split otherwise would put ranks on volumes that lack their files: cold by design, said so).
+flag that overrides the model's configuration or computes pages differently (deterministic inference); across
+nodes also the node count and the ranks per node (the same TP size split otherwise would put ranks on volumes that
+lack their files: cold by design, said so).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import hashlib
 import json
 from typing import Any
 
+from . import runtime_flags
 from .geometry import Geometry, resolve_geometry
-from .runtime_flags import flag_name
 from .spec import QwenHiCacheServerSpec
 
 FINGERPRINT_VERSION = 1
@@ -37,6 +38,9 @@ BYTE_AFFECTING_EXTRA_FLAGS = frozenset({
     "--json-model-override-args", "--qsa-indexer-dtype",
     "--speculative-draft-kv-cache-dtype", "--mamba-ssm-dtype", "--kv-cache-quant-algo",
 })
+BYTE_AFFECTING_SWITCHES = frozenset({"--enable-deterministic-inference"})
+"""Extra flags without a value that change page bytes. Deterministic inference computes KV with batch-invariant
+kernels so that a cache hit equals a recompute bit for bit; a page written without it breaks that promise."""
 
 
 def _image_identity(image: str) -> str:
@@ -45,15 +49,20 @@ def _image_identity(image: str) -> str:
 
 
 def _extra_overrides(args: list[str]) -> list[str]:
-    """Extra flags (with their values) that change page bytes."""
+    """Extra flags (with their values) that change page bytes, each named as the runtime's parser reads it (an
+    abbreviation argparse accepts is the same setting); a flag spelled out stays exactly as written."""
     out, take_next = [], False
     for arg in args:
         if take_next:
             out.append(arg)
             take_next = False
-        elif flag_name(arg) in BYTE_AFFECTING_EXTRA_FLAGS:
-            out.append(arg)
-            take_next = "=" not in arg
+            continue
+        resolved = runtime_flags.resolve(arg)
+        option = resolved.option if resolved else None
+        if option in BYTE_AFFECTING_EXTRA_FLAGS | BYTE_AFFECTING_SWITCHES:
+            written = arg.split("=", 1)[0]
+            out.append(option + arg[len(written):])
+            take_next = option in BYTE_AFFECTING_EXTRA_FLAGS and "=" not in arg
     return out
 
 
