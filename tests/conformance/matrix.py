@@ -58,6 +58,12 @@ def spec_for(arch: str, tp: int, host: str, kv: str, mtp: bool, host_slots: int 
     }
 
 
+def deterministic(spec: dict) -> dict:
+    """The spec with the runtime's deterministic mode switched on (README, "Reproducible outputs")."""
+    spec["runtime"]["extraArgs"] = ["--enable-deterministic-inference"]
+    return spec
+
+
 def cases() -> list[dict]:
     """Every (arch, TP, host, speculative) combination; KV dtype and explicit host slots rotate through them,
     plus the inputs the runtime treats specially (auto KV, capped or unset request counts)."""
@@ -73,6 +79,7 @@ def cases() -> list[dict]:
         ("flash-next-tp2-30GB-capped-requests", spec_for("flash-next", 2, "30GB", "fp8_e4m3", True, None, 256, 512)),
         ("qwen3.5-tp4-30GB-default-requests", spec_for("qwen3.5", 4, "30GB", "bf16", True, None, None, None)),
         ("qwen3-next-tp1-ratio3-bf16-mtp", spec_for("qwen3-next", 1, "ratio3", "bf16", True, None)),
+        ("flash-next-tp2-30GB-deterministic", deterministic(spec_for("flash-next", 2, "30GB", "fp8_e4m3", True, None))),
     ]
     out += [dict(name=name, arch=name.split("-tp")[0], spec=spec) for name, spec in extra]
     return out

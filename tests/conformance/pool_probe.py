@@ -30,6 +30,7 @@ logging.disable(logging.WARNING)
 
 import torch  # noqa: E402
 from sglang.srt import runtime_context as rc  # noqa: E402
+from sglang.srt.arg_groups.model_override_base import resolved_view  # noqa: E402
 from sglang.srt.configs.model_config import ModelConfig  # noqa: E402
 from sglang.srt.mem_cache import kv_cache_configurator as kvc  # noqa: E402
 from sglang.srt.mem_cache import memory_pool  # noqa: E402
@@ -169,10 +170,18 @@ def run_case(case: dict) -> dict:
     device = _device_report(pools, drafts, requests)
     host = _build_host(server_args, pools, drafts)
     out = {"device": device, "host": host, "page_size": rc.get_schedule().page_size,
-           "kv_cache_dtype": str(target.kv_cache_dtype)}
+           "kv_cache_dtype": str(target.kv_cache_dtype), "resolved": _resolved(server_args)}
     if case.get("budget_bytes"):  # the runtime's own cap and page alignment of a profiled budget (--max-total-tokens)
         out["budget_tokens"] = target.config_from_budget(case["budget_bytes"]).max_total_num_tokens
     return out
+
+
+def _resolved(server_args) -> dict:
+    """The settings the runtime's resolution ends with that the operator's product rests on (HiCache needs the
+    radix cache), and what deterministic mode turns on."""
+    view = resolved_view(server_args)
+    return {k: getattr(view, k) for k in ("disable_radix_cache", "enable_hierarchical_cache",
+                                          "enable_deterministic_inference", "attention_backend", "sampling_backend")}
 
 
 def _device_report(pools, drafts, requests: int) -> dict:

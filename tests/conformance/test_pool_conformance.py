@@ -67,6 +67,20 @@ def test_operator_sizes_what_the_runtime_allocates(case: dict, runtime: dict[str
     assert dev["mamba_spec_states"] == (s.device.spec_states if case["spec"]["runtime"].get("speculative") else None)
 
 
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_the_runtime_keeps_the_radix_cache_and_hicache_on(case: dict, runtime: dict[str, dict]) -> None:
+    """What the runtime's resolution makes of the rendered arguments: HiCache on, and the radix cache under it never
+    turned off (deterministic mode turns it off for attention backends it cannot replay; not for the ones here)."""
+    got = runtime[case["name"]]
+    assert "error" not in got, got.get("trace")
+    resolved = got["resolved"]
+    assert resolved["enable_hierarchical_cache"] is True and resolved["disable_radix_cache"] is False, resolved
+    switched = "--enable-deterministic-inference" in case["spec"]["runtime"].get("extraArgs", [])
+    assert resolved["enable_deterministic_inference"] is switched
+    if switched:
+        assert (resolved["attention_backend"], resolved["sampling_backend"]) == ("fa3", "pytorch"), resolved
+
+
 def test_the_example_gets_the_runtime_figures(runtime: dict[str, dict]) -> None:
     """The issue's reference point: TP2, FP8, NEXTN, 30 GB -> 2,143,040 tokens and 467 slots per rank."""
     import yaml
@@ -79,5 +93,6 @@ def test_the_example_gets_the_runtime_figures(runtime: dict[str, dict]) -> None:
 def test_matrix_covers_what_the_issue_asks() -> None:
     names = [c["name"] for c in CASES]
     for word in ("flash-next", "qwen3-next", "qwen3.5", "tp1", "tp2", "tp4", "tp8", "16GB", "30GB", "45GB",
-                 "ratio", "fp8_e4m3", "bf16", "auto", "-mtp", "nomtp", "slots", "split", "capped", "default"):
+                 "ratio", "fp8_e4m3", "bf16", "auto", "-mtp", "nomtp", "slots", "split", "capped", "default",
+                 "deterministic"):
         assert any(word in n for n in names), word
