@@ -37,10 +37,10 @@ SIZING_ONLY_GEOMETRY = frozenset({
 BYTE_AFFECTING_EXTRA_FLAGS = frozenset({
     "--json-model-override-args", "--qsa-indexer-dtype",
     "--speculative-draft-kv-cache-dtype", "--mamba-ssm-dtype", "--kv-cache-quant-algo",
+    "--enable-deterministic-inference",
 })
-BYTE_AFFECTING_SWITCHES = frozenset({"--enable-deterministic-inference"})
-"""Extra flags without a value that change page bytes. Deterministic inference computes KV with batch-invariant
-kernels so that a cache hit equals a recompute bit for bit; a page written without it breaks that promise."""
+"""Extra flags that change page bytes. Deterministic inference computes KV with batch-invariant kernels so that a
+cache hit equals a recompute bit for bit; a page written without it breaks that promise."""
 
 
 def _image_identity(image: str) -> str:
@@ -59,10 +59,10 @@ def _extra_overrides(args: list[str]) -> list[str]:
             continue
         resolved = runtime_flags.resolve(arg)
         option = resolved.option if resolved else None
-        if option in BYTE_AFFECTING_EXTRA_FLAGS | BYTE_AFFECTING_SWITCHES:
+        if option in BYTE_AFFECTING_EXTRA_FLAGS:
             written = arg.split("=", 1)[0]
             out.append(option + arg[len(written):])
-            take_next = option in BYTE_AFFECTING_EXTRA_FLAGS and "=" not in arg
+            take_next = "=" not in arg and option not in runtime_flags.table().switches
     return out
 
 

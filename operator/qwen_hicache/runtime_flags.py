@@ -18,6 +18,8 @@ from importlib import resources
 class Table:
     options: dict[str, str]
     """Option string -> the setting (argparse `dest`) it sets."""
+    switches: frozenset[str]
+    """Option strings that take no value (`store_true` and the like): the token after one is not its value."""
     allow_abbrev: bool
     prefix_chars: str
     runtime: str
@@ -26,7 +28,7 @@ class Table:
 @cache
 def table() -> Table:
     raw = json.loads(resources.files(__package__).joinpath("data/runtime-flags.json").read_text())
-    return Table(raw["options"], raw["allowAbbrev"], raw["prefixChars"], raw["runtime"])
+    return Table(raw["options"], frozenset(raw["switches"]), raw["allowAbbrev"], raw["prefixChars"], raw["runtime"])
 
 
 @dataclass(frozen=True)
