@@ -9,9 +9,9 @@ set -eu
 site=$1
 dest=$2
 nv="$site/nvidia/cu13"
-for need in bin/nvcc nvvm/bin/cicc include/cuda_runtime.h include/crt include/cccl lib/libcudart.so.13; do
+for need in bin/nvcc nvvm/bin/cicc include/cuda_runtime.h include/crt include/cccl include/curand.h lib/libcudart.so.13; do
     if [ ! -e "$nv/$need" ]; then
-        echo "cuda-home: $nv/$need is missing (the lock's nvidia-cuda-nvcc/-crt/-cccl/-runtime and nvidia-nvvm)" >&2
+        echo "cuda-home: $nv/$need is missing (the lock's nvidia-cuda-nvcc/-crt/-cccl/-runtime, nvidia-nvvm and nvidia-curand)" >&2
         exit 1
     fi
 done
