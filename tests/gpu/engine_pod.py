@@ -337,6 +337,26 @@ def generate(host: str, port: int, text: str, max_new: int, top: int = 20, timeo
             "cached_tokens": meta.get("cached_tokens")}  # fmt: skip
 
 
+def sample(host: str, port: int, text: str, max_new: int = 8, timeout: float = 300) -> dict:
+    """One request with top-k and top-p, as clients send them: where flashinfer imports it is the runtime's default
+    sampling backend, and the first such request JIT-builds its sampling module in the scheduler (a failed build
+    ends the server). Whether it answered, and in how long (that build included)."""
+    sampling = {"max_new_tokens": max_new, "temperature": 0.7, "top_p": 0.9, "top_k": 20}
+    body = json.dumps({"text": text, "sampling_params": sampling})
+    t = time.time()
+    try:
+        c = http.client.HTTPConnection(host, port, timeout=timeout)
+        c.request("POST", "/generate", body=body, headers={"Content-Type": "application/json"})
+        resp = c.getresponse()
+        data = resp.read()
+    except OSError as e:
+        return {"ok": False, "seconds": round(time.time() - t, 2), "error": repr(e)}
+    out = {"ok": resp.status == 200, "seconds": round(time.time() - t, 2), "status": resp.status}
+    if resp.status != 200:
+        out["error"] = data[:500].decode(errors="replace")
+    return out
+
+
 def _first_logprobs(rows: list) -> dict[int, float]:
     """{token id: log-prob} of the first output token, from per-token lists of (logprob, id, text) rows."""
     return {int(tid): float(lp) for lp, tid, *_ in ((rows[0] if rows else None) or [])}

@@ -145,6 +145,8 @@ def cuda_home(args, report: dict) -> None:
             report["cuda_home"] = {"error": (r.stdout + r.stderr)[-500:]}
             return
     os.environ["CUDA_HOME"] = home
+    # the site's scripts on PATH, as pip puts them on the image's: flashinfer's JIT runs the lock's `ninja`
+    os.environ["PATH"] = os.pathsep.join([str(args.site / "bin"), os.environ.get("PATH", "")])
     try:
         nvcc = subprocess.run([f"{home}/bin/nvcc", "--version"], capture_output=True, text=True)
         version = (nvcc.stdout + nvcc.stderr).strip().splitlines()[-1:]
@@ -620,6 +622,7 @@ def step_wide(args, st, report: dict) -> None:
     with window("disk-steady"):
         warm_steady = run_prompts(s2, fresh, args.max_new, "wide-disk-steady")
     wide["metrics"] = metrics_excerpt(ep.metrics(s2.host, s2.port))
+    wide["sampled"] = ep.sample(s2.host, s2.port, "The cache came back from disk and", args.max_new)
     # disk TTFTs over the requests that did hit the disk (a refused prefetch is a recompute: counted apart)
     ttft = {"ttft_cold_s": median(first_ttfts(cold)), "ttft_disk_s": median(first_ttfts(warm, disk_only=True)),
             "ttft_cold_steady_s": median(first_ttfts(steady)),
@@ -773,7 +776,7 @@ WIDE_KEYS = ("scale", "flat_router", "weight_bytes", "host_kv_tokens", "device_k
              "restore_steady_gbps", "third", "storage_hit_tokens_steady", "storage_hit_tokens",
              "tokens_identical", "prompts", "logits_max_abs_diff", "logprob_ids_max_abs_diff", "restore_gbps",
              "disk_read_gbps", "restore_vs_disk", "extra_args", "speculative", "ordered_hc_mix", "lp_split_at",
-             "prefetch_wait_s", "ttft_after_prefetch_s")  # fmt: skip
+             "prefetch_wait_s", "ttft_after_prefetch_s", "sampled")  # fmt: skip
 ROUTER_KEYS = ("replicas", "policy", "conversations", "landed_before", "landed_after", "stayed", "warm",
                "storage_tokens_after", "deferred_deletes")  # fmt: skip
 

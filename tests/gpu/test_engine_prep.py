@@ -115,7 +115,8 @@ def test_wheel_manifest_pins_every_wheel_as_the_runtime_lock_does() -> None:
         end = re.search(r"^\S", block, re.M)
         block = block[: end.start() if end else len(block)]
         assert f"sha256:{r['sha']}" in block, f"{r['file']}: hash not in the lock"
-    for must in ("sglang", "sglang-kernel", "torch", "nvidia-nccl-cu13", "transformers", "kubernetes"):
+    for must in ("sglang", "sglang-kernel", "torch", "nvidia-nccl-cu13", "transformers", "kubernetes",
+                 "flashinfer-python"):
         assert must in names
     pyproject = (REPO / "pyproject.toml").read_text()
     assert '"kubernetes==' + next(r["version"] for r in rows if r["name"] == "kubernetes") + '"' in pyproject
@@ -207,6 +208,7 @@ def test_the_whole_sequence_runs_against_the_engine_stand_in(tmp_path: Path) -> 
     assert wide["storage_hit_tokens_steady"] > 0 and wide["disk_vs_cold_steady"] is not None
     assert wide["vs_reuse"]["prompts"] == wide["reuse_repeat"]["prompts"] == 4
     assert any(ln.startswith("sglang:cached_tokens_total") for ln in wide["metrics"])
+    assert wide["sampled"]["ok"] and rec["wide"]["sampled"] == wide["sampled"]  # a top-k/top-p request answered
     assert json.loads(json.dumps(rec, allow_nan=False))["wide"]["vs_reuse"]["prompts"] == 4
     third = wide["third"]
     assert third["switch_interval_s"] == 0.0002 and third["env"] == {"SGLANG_HICACHE_PREFETCH_POLL_INTERVAL": "0"}
