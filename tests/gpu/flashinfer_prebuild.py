@@ -1,18 +1,24 @@
-"""Build flashinfer's JIT modules the engine run loads, before a server needs them, and time each build.
+"""Build flashinfer's JIT modules the engine run loads ahead of time, time each build, and lay them out as flashinfer's
+own AOT modules.
 
-    CUDA_HOME=/root/cuda-lock PATH=/root/site/bin:$PATH PYTHONPATH=/root/site \
-        python3 tests/gpu/flashinfer_prebuild.py --out $OUT/prebuild.json [--only topk]
+    CUDA_HOME=... PATH=SITE/bin:$PATH PYTHONPATH=SITE python3 tests/gpu/flashinfer_prebuild.py \
+        --out report.json [--arch 9.0a] [--aot DIR] [--only topk]
 
 A server builds them at first use, inside a forward: the sampling module at the first top-k/top-p request, the top-k
-module at the first prefill in deterministic mode. Its scheduler watchdog (`--watchdog-timeout`) and the run's request
-timeouts count that build, so a lease builds them once, beside an earlier call; the servers then load them from the
-same cache (`~/.cache/flashinfer`), as a pod would after its own first build. The target is the visible GPU's.
+module at the first prefill in deterministic mode. The runtime's watchdog ends a server whose forward takes over
+`--watchdog-timeout` (300 s by default), and the top-k build took 885 s on one core here (`cub_topk.cu`), so a
+GPU lease (10 minutes a call) cannot build it at first use. `--arch 9.0a` builds here for the H100/H200 without a
+GPU (the lock's nvcc, CUDA_HOME from images/runtime/cuda-home.sh; the link needs a `libcuda.so`, which a GPU machine
+has and `$CUDA_HOME/lib64/stubs` may stand in for); `--aot DIR` copies each `<name>.so` to `DIR/<name>/<name>.so`,
+the layout flashinfer loads from `flashinfer/data/aot` before it builds anything (`jit/env.py`, `get_aot_artifacts`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -20,24 +26,34 @@ from pathlib import Path
 MODULES = {"sampling": "flashinfer.jit.sampling:gen_sampling_module", "topk": "flashinfer.jit.topk:gen_topk_module"}
 
 
-def build(name: str) -> dict:
-    """One module: built (or found up to date) and how long it took, or the end of the error."""
+def build(name: str, aot: Path | None) -> dict:
+    """One module: built (or found up to date), how long it took, where it was put; or the end of the error."""
     module, func = MODULES[name].split(":")
     t = time.time()
     try:
         spec = getattr(__import__(module, fromlist=[func]), func)()
         spec.build(verbose=False)
-    except Exception as e:  # noqa: BLE001 - the report says what failed; the lease goes on
+    except Exception as e:  # noqa: BLE001 - the report says what failed; the other module still builds
         return {"ok": False, "seconds": round(time.time() - t, 1), "error": str(e)[-1500:]}
-    return {"ok": True, "seconds": round(time.time() - t, 1)}
+    out = {"ok": True, "seconds": round(time.time() - t, 1)}
+    if aot:
+        dest = aot / name / f"{name}.so"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(spec.jit_library_path, dest)
+        out["aot"] = str(dest)
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--only", choices=sorted(MODULES), action="append")
+    ap.add_argument("--arch", help="target without a GPU, as FLASHINFER_CUDA_ARCH_LIST takes it (9.0a: H100/H200)")
+    ap.add_argument("--aot", type=Path, help="copy each module here in flashinfer's AOT layout")
     args = ap.parse_args()
-    report = {name: build(name) for name in args.only or MODULES}
+    if args.arch:
+        os.environ["FLASHINFER_CUDA_ARCH_LIST"] = args.arch  # read when flashinfer.jit is first imported
+    report = {name: build(name, args.aot) for name in args.only or MODULES}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report))
