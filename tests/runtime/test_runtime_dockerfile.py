@@ -41,7 +41,8 @@ def test_build_steps_on_the_pinned_files(tree_copy: Path):
 def test_the_runtime_image_gives_the_jit_kernels_a_cuda_home(tmp_path: Path):
     """The runtime stage runs images/runtime/cuda-home.sh on the installed site and sets CUDA_HOME to its result;
     the script, on the wheels' layout, gives what sglang's JIT build reads ($CUDA_HOME/bin/nvcc, include, nvvm, and
-    lib64/libcudart.so for `-L$CUDA_HOME/lib64 -lcudart`), and refuses a site without the toolchain wheels."""
+    lib64/libcudart.so for `-L$CUDA_HOME/lib64 -lcudart`), and refuses a site without the toolchain wheels or without
+    curand's headers (flashinfer's sampling kernels include curand.h)."""
     runtime = DOCKERFILE[DOCKERFILE.index("FROM tree AS runtime") :]
     assert 'sh /opt/cuda-home.sh "${SITE}" /opt/cuda' in runtime and "ENV CUDA_HOME=/opt/cuda" in runtime
     assert "install -y --no-install-recommends g++" in runtime  # nvcc's host compiler and the JIT module's linker
@@ -54,6 +55,9 @@ def test_the_runtime_image_gives_the_jit_kernels_a_cuda_home(tmp_path: Path):
               "include/cccl/cuda/std/version", "lib/libcudart.so.13"):  # fmt: skip
         (nv / f).parent.mkdir(parents=True, exist_ok=True)
         (nv / f).write_text(f)
+    refused = subprocess.run(["sh", str(script), str(site), str(dest)], capture_output=True, text=True)
+    assert refused.returncode == 1 and "include/curand.h is missing" in refused.stderr  # flashinfer's sampling
+    (nv / "include" / "curand.h").write_text("include/curand.h")
     subprocess.run(["sh", str(script), str(site), str(dest)], check=True, capture_output=True)
     assert (dest / "bin" / "nvcc").read_text() == "bin/nvcc"
     assert (dest / "nvvm" / "bin" / "cicc").exists() and (dest / "include" / "cuda_runtime.h").exists()
