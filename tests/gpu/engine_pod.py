@@ -192,7 +192,9 @@ class Server:
             raise RuntimeError(f"{self.host}:{self.port} already answers: another server holds the pod's address")
         self.run_guard()
         path = os.pathsep.join([*self.extra_path, str(self.site), str(SHIM), *ENGINE_PATH])
-        env = {**os.environ, **self.p["env"], "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+        # the site's modules and, as pip puts them on the image's PATH, its scripts (flashinfer's JIT runs `ninja`)
+        bins = os.pathsep.join([str(self.site / "bin"), os.environ.get("PATH", "")])
+        env = {**os.environ, **self.p["env"], "PYTHONPATH": path, "PATH": bins, "PYTHONUNBUFFERED": "1"}
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(self.tp)))
         self.launched = time.time()
         self.fh = open(self.log_path, "ab")  # noqa: SIM115 - the server writes it until it exits

@@ -145,8 +145,6 @@ def cuda_home(args, report: dict) -> None:
             report["cuda_home"] = {"error": (r.stdout + r.stderr)[-500:]}
             return
     os.environ["CUDA_HOME"] = home
-    # the site's scripts on PATH, as pip puts them on the image's: flashinfer's JIT runs the lock's `ninja`
-    os.environ["PATH"] = os.pathsep.join([str(args.site / "bin"), os.environ.get("PATH", "")])
     try:
         nvcc = subprocess.run([f"{home}/bin/nvcc", "--version"], capture_output=True, text=True)
         version = (nvcc.stdout + nvcc.stderr).strip().splitlines()[-1:]

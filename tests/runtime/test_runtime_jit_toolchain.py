@@ -33,6 +33,7 @@ TOOLCHAIN = ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-cuda-cccl", "nvidia-
 FLASHINFER = ("flashinfer-python", "nvidia-ml-py", "ninja")  # the module, what its import needs, its build tool
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux2014_x86_64", "manylinux_2_17_x86_64")
 SCRIPT = REPO / "images" / "runtime" / "cuda-home.sh"
+PREBUILD = REPO / "tests" / "gpu" / "flashinfer_prebuild.py"
 BUILD = """
 import sglang.kernels.jit.utils.arch as arch
 from sglang.kernels.ops.kvcache import hicache
@@ -108,7 +109,8 @@ def test_the_wheels_alone_are_no_cuda_home(patched_tree: Path, toolchain_site: P
 
 
 def test_the_images_cuda_home_builds_flashinfers_sampling_kernels(toolchain_site: Path, tmp_path: Path) -> None:
-    """flashinfer's own JIT loader builds its sampling module for sm_90a (flashinfer takes the target from the GPU).
+    """flashinfer's own JIT loader builds its sampling module for sm_90a (flashinfer takes the target from the GPU),
+    through tests/gpu/flashinfer_prebuild.py, the script that builds the GPU lease's modules the same way.
     The link asks for -lcuda in $CUDA_HOME/lib64/stubs or on the library path: on a GPU node the NVIDIA container
     toolkit injects the driver's libcuda.so; here an empty library of that name stands in, for the link only."""
     cuda = _cuda_home(toolchain_site, tmp_path)
@@ -117,11 +119,11 @@ def test_the_images_cuda_home_builds_flashinfers_sampling_kernels(toolchain_site
     stub = ["cc", "-shared", "-x", "c", "/dev/null", "-o", str(stubs / "libcuda.so"), "-Wl,-soname,libcuda.so.1"]
     subprocess.run(stub, check=True, capture_output=True)
     home = tmp_path / "home"
-    env = {**os.environ, "CUDA_HOME": str(cuda), "FLASHINFER_WORKSPACE_BASE": str(home),
-           "FLASHINFER_CUDA_ARCH_LIST": "9.0a", "MAX_JOBS": "2", "PYTHONPATH": str(toolchain_site),
+    env = {**os.environ, "CUDA_HOME": str(cuda), "FLASHINFER_WORKSPACE_BASE": str(home), "MAX_JOBS": "2",
+           "PYTHONPATH": str(toolchain_site),
            "PATH": os.pathsep.join([str(toolchain_site / "bin"), os.environ["PATH"]])}  # fmt: skip
-    build = "from flashinfer.jit.sampling import gen_sampling_module\ngen_sampling_module().build(verbose=False)\n"
-    r = subprocess.run([sys.executable, "-c", build], env=env, capture_output=True, text=True, timeout=1200)
+    build = [sys.executable, str(PREBUILD), "--arch", "9.0a", "--only", "sampling", "--out", str(tmp_path / "r.json")]
+    r = subprocess.run(build, env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     built = sorted(p.name for p in home.rglob("*.so"))
     assert built == ["sampling.so"], built
