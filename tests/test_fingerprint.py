@@ -7,7 +7,7 @@ from qwen_hicache.fingerprint import FINGERPRINT_VERSION, fingerprint, fingerpri
 from qwen_hicache.plan import parse_spec
 from resources import example, variant
 
-GOLDEN_EXAMPLE = "v1-ebed06f37617da28"
+GOLDEN_EXAMPLE = "v1-f63bb5db60c6a3ef"
 
 
 def _fp(**changes: object) -> str:

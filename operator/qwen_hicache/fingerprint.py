@@ -26,7 +26,7 @@ from .spec import QwenHiCacheServerSpec
 
 FINGERPRINT_VERSION = 1
 RUNTIME_PARENT = "sglang==0.5.23"
-RUNTIME_SERIES = "0.5.23-qhc.12"
+RUNTIME_SERIES = "0.5.23-qhc.13"
 """`series_version` of runtime_patches/manifest.json that the runtime image carries (a test keeps them equal)."""
 MAMBA_CONV_DTYPE = "bfloat16"
 SIZING_ONLY_GEOMETRY = frozenset({
