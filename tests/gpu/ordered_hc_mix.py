@@ -4,10 +4,11 @@ fixed order.
 On SM90, `GatedResidual.mix` with at most 16 rows (every decode step at batch size 1) takes the runtime's persistent
 `fused_hc_mix` kernel, which adds its split-K partials with device-scope atomics, so the low bits of the sum change
 from run to run (`kernels/ops/gemm/hc_mix.py` says so); prefill and extend, with more rows, take the ordered
-`_mix_compute`. Only `--enable-deterministic-inference` turns the kernel off, and that mode needs flashinfer for QSA's
-top-k, which the GPU machine lacks. Loaded by a `sitecustomize` in every server process, `install()` makes the
-module's `_deterministic_inference` answer True as soon as it loads: the mix then takes `_mix_compute` at every row
-count, and nothing else changes. Not what the image runs; a run with it says so in its report.
+`_mix_compute`. Loaded by a `sitecustomize` in every server process, `install()` makes the module's
+`_deterministic_inference` answer True as soon as it loads: the mix then takes `_mix_compute` at every row count, and
+nothing else changes; a run with it says so in its report. On an H100 (2026-12-07, series qhc.12) this gave two cache
+hits of one prefix the same tokens and log-probs in 4 of 4 prompts; series qhc.13 does the same by default (patch
+0013), so the module matters only for runs of an older series.
 """
 
 from __future__ import annotations
