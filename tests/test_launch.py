@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from qwen_hicache.cli import offline_meta
-from qwen_hicache.launch import LaunchSizing, launch_args, launch_env
+from qwen_hicache.launch import JIT_CACHE_ENV, LaunchSizing, launch_args, launch_env
 from qwen_hicache.plan import parse_spec, plan
 from resources import derived, example, variant
 
@@ -76,3 +76,16 @@ def test_the_stated_device_pool_is_rendered_page_aligned_and_an_estimated_one_is
     assert stated.sizing.device.kv_tokens == 65_600
     estimated = derived(variant(**{"spec.hicache.deviceKVTokens": None}))
     assert "--max-total-tokens" not in estimated.args
+
+
+def test_compile_caches_live_on_the_volume_per_namespace_unless_the_spec_sets_them() -> None:
+    env = {e["name"]: e.get("value") for e in launch_env(parse_spec(example()["spec"]), SIZING, "v1-x", "s", 1, 0)}
+    assert env["TRITON_CACHE_DIR"] == "/var/cache/hicache/.jit/v1-x/triton"
+    assert env["FLASHINFER_WORKSPACE_BASE"] == "/var/cache/hicache/.jit/v1-x"
+    assert {k for k, _ in JIT_CACHE_ENV} <= set(env) and "SGLANG_CACHE_DIR" not in env
+    own = variant(**{"spec.runtime.env": [{"name": "TRITON_CACHE_DIR", "value": "/tmp/triton"}]})
+    got = [e for e in launch_env(parse_spec(own["spec"]), SIZING, "v1-x", "s", 1, 0) if e["name"] == "TRITON_CACHE_DIR"]
+    assert got == [{"name": "TRITON_CACHE_DIR", "value": "/tmp/triton"}]
+    off = variant(**{"spec.hicache.disk": {"enabled": False}})
+    names = {e["name"] for e in launch_env(parse_spec(off["spec"]), SIZING, "v1-x", "s", 1, 0)}
+    assert not names & {k for k, _ in JIT_CACHE_ENV}  # no volume: the container's own filesystem, as before

@@ -85,6 +85,16 @@ def test_the_usage_sidecar_counts_and_caps_only_its_own_ranks(tmp_path: Path) ->
     assert (node1.used_bytes, node1.page_files, node1.cap_bytes) == (7000, 2, 2000000)
 
 
+def test_the_usage_sidecar_keeps_compiled_kernels_out_of_old_namespaces(tmp_path: Path) -> None:
+    (tmp_path / "fp").mkdir()
+    (tmp_path / "v1-old").mkdir()
+    (tmp_path / "v1-old" / "a_0_1.bin").write_bytes(b"x" * 5000)
+    (tmp_path / ".jit" / "fp" / "triton").mkdir(parents=True)
+    (tmp_path / ".jit" / "fp" / "triton" / "k.cubin").write_bytes(b"y" * 9000)
+    old = os.lstat(tmp_path / "v1-old" / "a_0_1.bin").st_blocks * 512
+    assert _usage_of(tmp_path, {}).old_namespaces_bytes == old
+
+
 def test_group_pods_tell_the_sidecar_their_node_rank() -> None:
     spec = parse_spec(variant(**{"spec.nodesPerReplica": 2, "spec.runtime.tensorParallelSize": 4})["spec"])
     env = {e["name"]: e for e in render_lws._node_ranks_env(spec)}

@@ -51,6 +51,18 @@ def test_guard_keeps_the_newest_old_namespaces_only(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v1-new"]
 
 
+def test_guard_prunes_the_compiled_kernels_of_removed_namespaces_only(tmp_path: Path) -> None:
+    for fp in ("v1-old1", "v1-old2"):
+        assert _guard(tmp_path, fp, keep=5).returncode == 0
+        (tmp_path / ".jit" / fp / "triton").mkdir(parents=True)
+    os.utime(tmp_path / "v1-old1" / MARKER, (1000, 1000))
+    (tmp_path / ".jit" / "v1-new").mkdir()
+    result = _guard(tmp_path, "v1-new", keep=1)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / ".jit").iterdir()) == ["v1-new", "v1-old2"]
+    assert "removing compiled kernels of removed namespace v1-old1" in result.stdout
+
+
 class _Runtime(BaseHTTPRequestHandler):
     running = 2.0
     flushes: list[tuple[str, str]] = []

@@ -77,9 +77,11 @@ PANELS: tuple[Panel, ...] = (
             f'qwen_hicache_disk_cap_bytes{{{SEL}}}', "{{pod}} rank {{tp_rank}}"),), "percentunit",
           extra={"max": 1}),
     Panel("Disk tier bytes and page files",
-          "Current namespace bytes and page files per pod (all ranks), and earlier namespaces still kept.",
+          "Current namespace bytes per pod (all ranks), earlier namespaces still kept, and the runtime's compiled "
+          "kernels kept on the volume.",
           ((f'sum by (pod) (qwen_hicache_disk_used_bytes{{{SEL}}})', "{{pod}} bytes"),
-           (f'sum by (pod) (qwen_hicache_disk_old_namespaces_bytes{{{SEL}}})', "{{pod}} old namespaces")),
+           (f'sum by (pod) (qwen_hicache_disk_old_namespaces_bytes{{{SEL}}})', "{{pod}} old namespaces"),
+           (f'sum by (pod) (qwen_hicache_disk_compiled_kernels_bytes{{{SEL}}})', "{{pod}} compiled kernels")),
           "bytes"),
     Panel("Restarted pods: warm or cold",
           "Pods restarted by the operator's rollouts whose canary came back from disk (warm), without a disk "

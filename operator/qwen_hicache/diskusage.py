@@ -14,6 +14,7 @@ never on the request path) and reads `statvfs` of the volume; `/metrics` serves 
   carrying that rank's key suffix `_<rank>_<tp size>.bin`),
 - `qwen_hicache_disk_cap_bytes{tp_rank}`: that cap, as the operator sized it,
 - `qwen_hicache_disk_old_namespaces_bytes`, `qwen_hicache_disk_volume_{used,size}_bytes`,
+- `qwen_hicache_disk_compiled_kernels_bytes`: the runtime's compile caches under `.jit/` (`launch.JIT_CACHE_ENV`),
 - `qwen_hicache_cache_namespace_created_timestamp_seconds` (written once into the namespace as
   `.qwen-hicache-created`, since the guard's marker is touched at every start) and
   `qwen_hicache_cache_namespace_info{fingerprint}`,

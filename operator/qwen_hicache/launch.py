@@ -23,6 +23,17 @@ ADMIN_KEY_ENV = "QWEN_HICACHE_ADMIN_API_KEY"
 ADMIN_SECRET_KEY = "api-key"
 DRAIN_TIMEOUT_ENV = "SGLANG_HICACHE_STORAGE_DRAIN_TIMEOUT"
 """Runtime patch 0003: seconds the SIGTERM path keeps writing queued disk backups (default 8)."""
+JIT_CACHE_ROOT = f"{CACHE_MOUNT}/.jit"
+"""Compiled kernels per cache namespace: `JIT_CACHE_ROOT/<fingerprint>` (cache-guard prunes those of removed ones)."""
+JIT_CACHE_ENV = (("SGLANG_JIT_CACHE_DIR", "jit"), ("TRITON_CACHE_DIR", "triton"),
+                 ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("CUDA_CACHE_PATH", "nv"), ("TILELANG_CACHE_DIR", "tilelang"),
+                 ("FLASHINFER_WORKSPACE_BASE", ""), ("SGLANG_CUTE_AOT_CACHE_DIR", "cute_aot"),
+                 ("SGLANG_DG_CACHE_DIR", "deep_gemm"))  # fmt: skip
+"""The runtime's compile caches, each at the subdirectory the runtime gives it under SGLANG_CACHE_DIR (its
+`third_party_cache_defaults()` and its CuTe and DeepGEMM caches; its own JIT's default sits beside them), so a
+restarted pod loads its kernels instead of building them again (H100: a start took 318 s with empty Triton caches,
+108 s with warm ones). Not SGLANG_CACHE_DIR itself: it also places the PLE table's file backend, which is no cache.
+A name the spec's `runtime.env` sets keeps the spec's value."""
 MANAGED_ENV = frozenset({
     STORAGE_DIR_ENV, MAX_SIZE_ENV, ADMIN_KEY_ENV, DRAIN_TIMEOUT_ENV, "QWEN_HICACHE_PORT", "QWEN_HICACHE_DRAIN_SECONDS",
     "QWEN_HICACHE_FLUSH_SECONDS", "QWEN_HICACHE_FINGERPRINT",
@@ -155,10 +166,21 @@ def cache_dir(fingerprint: str) -> str:
     return f"{CACHE_MOUNT}/{fingerprint}"
 
 
+def jit_cache_dir(fingerprint: str) -> str:
+    """Where this namespace's compiled kernels live on the cache volume."""
+    return f"{JIT_CACHE_ROOT}/{fingerprint}"
+
+
+def jit_cache_env(fingerprint: str, taken: set[str]) -> list[dict[str, Any]]:
+    """The compile caches on the volume (`JIT_CACHE_ENV`), but for names in `taken` (the spec's own)."""
+    base = jit_cache_dir(fingerprint)
+    return [{"name": k, "value": f"{base}/{sub}" if sub else base} for k, sub in JIT_CACHE_ENV if k not in taken]
+
+
 def launch_env(spec: QwenHiCacheServerSpec, sizing: LaunchSizing, fingerprint: str, admin_secret: str,
                drain_seconds: int, flush_seconds: int) -> list[dict[str, Any]]:  # fmt: skip
-    """Environment of the runtime container: file tier, admin key, drain settings (the stop budget's terms,
-    `podlifecycle.DrainPlan`), then the user's env."""
+    """Environment of the runtime container: file tier and compile caches on the volume, admin key, drain settings
+    (the stop budget's terms, `podlifecycle.DrainPlan`), then the user's env."""
     env: list[dict[str, Any]] = []
     if spec.hicache.disk.enabled:
         env.append({"name": STORAGE_DIR_ENV, "value": cache_dir(fingerprint)})
@@ -168,6 +190,7 @@ def launch_env(spec: QwenHiCacheServerSpec, sizing: LaunchSizing, fingerprint: s
         # What the preStop flush could not write is drained at SIGTERM within the same budget.
         env.append({"name": DRAIN_TIMEOUT_ENV, "value": str(flush_seconds)})
         env += prestop_record_env()
+        env += jit_cache_env(fingerprint, {e.name for e in spec.runtime.env})
     env.append({"name": ADMIN_KEY_ENV,
                 "valueFrom": {"secretKeyRef": {"name": admin_secret, "key": ADMIN_SECRET_KEY}}})
     env += [

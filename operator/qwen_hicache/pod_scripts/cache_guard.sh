@@ -19,4 +19,9 @@ for m in $(ls -1t "$root"/*/.qwen-hicache-fingerprint 2>/dev/null); do
   n=$((n + 1))
   if [ "$n" -gt "$keep" ]; then echo "removing old cache namespace $d"; rm -rf "$d"; else echo "keeping $d"; fi
 done
+for j in "$root"/.jit/*; do
+  [ -d "$j" ] || continue
+  [ -d "$root/${j##*/}" ] && continue
+  echo "removing compiled kernels of removed namespace ${j##*/}"; rm -rf "$j"
+done
 echo "cache namespace $dir ready"
