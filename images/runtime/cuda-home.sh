@@ -9,9 +9,13 @@ set -eu
 site=$1
 dest=$2
 nv="$site/nvidia/cu13"
-for need in bin/nvcc nvvm/bin/cicc include/cuda_runtime.h include/crt include/cccl include/curand.h lib/libcudart.so.13; do
+# curand.h: flashinfer's sampling kernels include it; cublasLt.h: flashinfer's norm module (sgl_kernel's gemma_rmsnorm
+# goes through it where flashinfer imports; built during the MTP draft's CUDA-graph capture) includes it through
+# trtllm/common/cudaUtils.h, and its build failing ends the server at start (measured on an H100, 2026-12-07).
+for need in bin/nvcc nvvm/bin/cicc include/cuda_runtime.h include/crt include/cccl include/curand.h include/cublasLt.h \
+        lib/libcudart.so.13; do
     if [ ! -e "$nv/$need" ]; then
-        echo "cuda-home: $nv/$need is missing (the lock's nvidia-cuda-nvcc/-crt/-cccl/-runtime, nvidia-nvvm and nvidia-curand)" >&2
+        echo "cuda-home: $nv/$need is missing (the lock's nvidia-cuda-nvcc/-crt/-cccl/-runtime, nvidia-nvvm, nvidia-curand and nvidia-cublas)" >&2
         exit 1
     fi
 done

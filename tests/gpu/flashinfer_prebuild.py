@@ -5,7 +5,9 @@ own AOT modules.
         --out report.json [--arch 9.0a] [--aot DIR] [--only topk]
 
 A server builds them at first use, inside a forward: the sampling module at the first top-k/top-p request, the top-k
-module at the first prefill in deterministic mode. The runtime's watchdog ends a server whose forward takes over
+module at the first prefill in deterministic mode, the norm module (sgl_kernel's gemma_rmsnorm goes through it) at
+start, in the MTP draft's CUDA-graph capture (31 s on an H100 machine's 16 cores, 40 s on 2 cores here; its norm.cu
+includes cublasLt.h, from the lock's nvidia-cublas). The runtime's watchdog ends a server whose forward takes over
 `--watchdog-timeout` (300 s by default), and the top-k build took 885 s on one core here (`cub_topk.cu`), so a
 GPU lease (10 minutes a call) cannot build it at first use. `--arch 9.0a` builds here for the H100/H200 without a
 GPU (the lock's nvcc, CUDA_HOME from images/runtime/cuda-home.sh; the link needs a `libcuda.so`, which a GPU machine
@@ -18,12 +20,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import time
 from pathlib import Path
 
-MODULES = {"sampling": "flashinfer.jit.sampling:gen_sampling_module", "topk": "flashinfer.jit.topk:gen_topk_module"}
+MODULES = {
+    "sampling": "flashinfer.jit.sampling:gen_sampling_module",
+    "topk": "flashinfer.jit.topk:gen_topk_module",
+    "norm": "flashinfer.jit.norm:gen_norm_module",  # sgl_kernel's gemma_rmsnorm, where flashinfer imports
+}
 
 
 def build(name: str, aot: Path | None) -> dict:
@@ -34,7 +41,9 @@ def build(name: str, aot: Path | None) -> dict:
         spec = getattr(__import__(module, fromlist=[func]), func)()
         spec.build(verbose=False)
     except Exception as e:  # noqa: BLE001 - the report says what failed; the other module still builds
-        return {"ok": False, "seconds": round(time.time() - t, 1), "error": str(e)[-1500:]}
+        first = re.search(r"^.*\berror\b.*$", str(e), re.M)  # a compiler's first error, far above the tail
+        return {"ok": False, "seconds": round(time.time() - t, 1), "first_error": first and first.group(0)[-500:],
+                "error": str(e)[-1500:]}  # fmt: skip
     out = {"ok": True, "seconds": round(time.time() - t, 1)}
     if aot:
         dest = aot / name / f"{name}.so"

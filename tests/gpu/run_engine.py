@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import datetime
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -131,18 +132,44 @@ def install(args, report: dict) -> None:
         f"{report['versions']}")  # fmt: skip
 
 
+def link_machine_headers(site: Path, machine: list[Path] | None = None) -> dict:
+    """STAND-IN for header wheels of the lock that the run does not carry (nvidia-cublas: 423 MB for six headers, one
+    of which, cublasLt.h, flashinfer's norm module includes): every entry of the machine's own nvidia/cu13/include
+    (torch's CUDA wheels, the `nvidia` namespace package's directory other than the site's) that the site's lacks is
+    symlinked into the site's, so cuda-home.sh finds them. They are the machine's versions, not the lock's."""
+    inc = site / "nvidia" / "cu13" / "include"
+    if machine is None:
+        spec = importlib.util.find_spec("nvidia")
+        machine = [Path(d) for d in (spec.submodule_search_locations or [])] if spec else []
+    sources = [m / "cu13" / "include" for m in machine]
+    sources = [d for d in sources if d.is_dir() and inc.is_dir() and d.resolve() != inc.resolve()]
+    linked = []
+    for src in sources:
+        for e in sorted(src.iterdir()):
+            if not os.path.lexists(inc / e.name):
+                (inc / e.name).symlink_to(e)
+                linked.append(e.name)
+    cublaslt = inc / "cublasLt.h"
+    return {"linked_machine_headers": len(linked), "machine_include": [str(d) for d in sources],
+            "cublasLt_from_machine": cublaslt.is_symlink() and not cublaslt.resolve().is_relative_to(site.resolve())}
+
+
 def cuda_home(args, report: dict) -> None:
     """CUDA_HOME for every server and benchmark of the run: by default the image's (cuda-home.sh over the lock's
-    toolchain wheels in the site, as Dockerfile.hicache's runtime stage makes /opt/cuda)."""
+    toolchain wheels in the site, as Dockerfile.hicache's runtime stage makes /opt/cuda), with the machine's headers
+    that the site lacks linked in first (link_machine_headers: a stand-in; cuda-home.sh refuses a site without
+    cublasLt.h)."""
     home = args.cuda_home
     if not home or ep.ENGINE_CMD:  # as the machine has it; the CPU test's stand-in compiles nothing
         return
+    linked = {}
     if home == "lock":
+        linked = link_machine_headers(args.site)
         home = str(args.site.parent / "cuda-lock")
         r = subprocess.run(["sh", str(REPO / "images" / "runtime" / "cuda-home.sh"), str(args.site), home],
                            capture_output=True, text=True)  # fmt: skip
         if r.returncode:
-            report["cuda_home"] = {"error": (r.stdout + r.stderr)[-500:]}
+            report["cuda_home"] = {"error": (r.stdout + r.stderr)[-500:], **linked}
             return
     os.environ["CUDA_HOME"] = home
     try:
@@ -150,7 +177,7 @@ def cuda_home(args, report: dict) -> None:
         version = (nvcc.stdout + nvcc.stderr).strip().splitlines()[-1:]
     except OSError as err:
         version = [str(err)]
-    report["cuda_home"] = {"path": home, "nvcc": version}
+    report["cuda_home"] = {"path": home, "nvcc": version, **linked}
 
 
 # ---- files on the cache volume ---------------------------------------------------------------------------------
@@ -437,6 +464,12 @@ def step_cold(args, st, report: dict) -> None:
                                    "(the lock pins triton 3.8.0)")
     if ep.ENGINE_CMD:
         report["stand_ins"].append("engine: " + " ".join(ep.ENGINE_CMD))
+    h = report.get("cuda_home", {})
+    if h.get("linked_machine_headers") or h.get("cublasLt_from_machine"):
+        report["stand_ins"].append(f"CUDA_HOME: the machine's {h['machine_include']} linked into the site's "
+                                   f"nvidia/cu13/include where it lacked them ({h['linked_machine_headers']} this run"
+                                   + ("; cublasLt.h from there: nvidia-cublas not carried)"
+                                      if h["cublasLt_from_machine"] else ")"))  # fmt: skip
     if ep.EXTRA_ARGS:
         report["stand_ins"].append("runtime.extraArgs += " + " ".join(ep.EXTRA_ARGS))
     report["stand_ins"] += args.note

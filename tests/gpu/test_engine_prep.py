@@ -124,6 +124,33 @@ def test_wheel_manifest_pins_every_wheel_as_the_runtime_lock_does() -> None:
     assert all(re.fullmatch(r"[0-9a-f]{64}", sha) for sha in engine_wheels.SLIM_SHA256.values())
 
 
+def test_the_site_takes_the_machines_headers_it_lacks_and_cuda_home_accepts_it(tmp_path: Path) -> None:
+    """STAND-IN (link_machine_headers): the carried site has no nvidia-cublas, so cuda-home.sh would refuse it; the
+    machine's own nvidia/cu13/include entries the site lacks are linked in (cublasLt.h among them), no other is
+    touched, and a second run links nothing more but still says where cublasLt.h comes from."""
+    site, machine = tmp_path / "site", tmp_path / "torch" / "nvidia"
+    nv = site / "nvidia" / "cu13"
+    for f in ("bin/nvcc", "nvvm/bin/cicc", "include/cuda_runtime.h", "include/crt/host_defines.h",
+              "include/cccl/cuda/std/version", "include/curand.h", "lib/libcudart.so.13"):  # fmt: skip
+        (nv / f).parent.mkdir(parents=True, exist_ok=True)
+        (nv / f).write_text("site")
+    for f in ("cublasLt.h", "cublas_api.h", "curand.h", "cudnn/cudnn.h"):
+        (machine / "cu13" / "include" / f).parent.mkdir(parents=True, exist_ok=True)
+        (machine / "cu13" / "include" / f).write_text("machine")
+    script = ["sh", str(REPO / "images" / "runtime" / "cuda-home.sh"), str(site), str(tmp_path / "cuda")]
+    assert subprocess.run(script, capture_output=True, text=True).returncode == 1  # no cublasLt.h: refused
+    got = run_engine.link_machine_headers(site, [machine, site / "nvidia"])  # the site's own directory is skipped
+    assert got == {"linked_machine_headers": 3, "machine_include": [str(machine / "cu13" / "include")],
+                   "cublasLt_from_machine": True}  # fmt: skip
+    assert (nv / "include" / "curand.h").read_text() == "site" and not (nv / "include" / "curand.h").is_symlink()
+    assert (nv / "include" / "cudnn").is_symlink() and (nv / "include" / "cublasLt.h").read_text() == "machine"
+    subprocess.run(script, check=True, capture_output=True)
+    assert (tmp_path / "cuda" / "include" / "cublasLt.h").read_text() == "machine"
+    again = run_engine.link_machine_headers(site, [machine])
+    assert again["linked_machine_headers"] == 0 and again["cublasLt_from_machine"]
+    assert run_engine.link_machine_headers(tmp_path / "empty", [machine])["linked_machine_headers"] == 0
+
+
 def test_the_run_starts_the_command_line_the_operator_renders(tmp_path: Path) -> None:
     site, model, root = tmp_path / "site", tmp_path / "model", tmp_path / "hicache"
     site.mkdir()
@@ -185,6 +212,7 @@ def test_the_whole_sequence_runs_against_the_engine_stand_in(tmp_path: Path) -> 
                      "--wide-host-gb", "8", "--profile")  # fmt: skip
     bad = {k: v for k, v in report["steps"].items() if v["status"] != "ok"}
     assert r.returncode == 0 and not bad, r.stdout[-3000:] + json.dumps(bad)[:3000]
+    assert "cuda_home" not in report  # the stand-in compiles nothing: no CUDA_HOME, no headers linked
     first = report["restarts"][0]
     assert first["warm"] and first["storage_hit_tokens"] > 0 and first["all_identical"]
     assert [s.split()[0] for s in report["rollout"]["steps"]] == ["canary", "delete", "baseline", "verify"]

@@ -42,7 +42,7 @@ def test_the_runtime_image_gives_the_jit_kernels_a_cuda_home(tmp_path: Path):
     """The runtime stage runs images/runtime/cuda-home.sh on the installed site and sets CUDA_HOME to its result;
     the script, on the wheels' layout, gives what sglang's JIT build reads ($CUDA_HOME/bin/nvcc, include, nvvm, and
     lib64/libcudart.so for `-L$CUDA_HOME/lib64 -lcudart`), and refuses a site without the toolchain wheels or without
-    curand's headers (flashinfer's sampling kernels include curand.h)."""
+    curand's headers (flashinfer's sampling kernels include curand.h) or cublasLt.h (its norm module includes it)."""
     runtime = DOCKERFILE[DOCKERFILE.index("FROM tree AS runtime") :]
     assert 'sh /opt/cuda-home.sh "${SITE}" /opt/cuda' in runtime and "ENV CUDA_HOME=/opt/cuda" in runtime
     assert "install -y --no-install-recommends g++" in runtime  # nvcc's host compiler and the JIT module's linker
@@ -58,6 +58,10 @@ def test_the_runtime_image_gives_the_jit_kernels_a_cuda_home(tmp_path: Path):
     refused = subprocess.run(["sh", str(script), str(site), str(dest)], capture_output=True, text=True)
     assert refused.returncode == 1 and "include/curand.h is missing" in refused.stderr  # flashinfer's sampling
     (nv / "include" / "curand.h").write_text("include/curand.h")
+    refused = subprocess.run(["sh", str(script), str(site), str(dest)], capture_output=True, text=True)
+    assert refused.returncode == 1 and "include/cublasLt.h is missing" in refused.stderr  # flashinfer's norm
+    assert "nvidia-cublas" in refused.stderr
+    (nv / "include" / "cublasLt.h").write_text("include/cublasLt.h")
     subprocess.run(["sh", str(script), str(site), str(dest)], check=True, capture_output=True)
     assert (dest / "bin" / "nvcc").read_text() == "bin/nvcc"
     assert (dest / "nvvm" / "bin" / "cicc").exists() and (dest / "include" / "cuda_runtime.h").exists()
