@@ -608,6 +608,7 @@ def step_wide(args, st, report: dict) -> None:
     revision = model_dir.name + "-seed0"
     hicache = {"hostMemoryPerRankGB": args.wide_host_gb} if args.wide_host_gb else None
     runtime = {"speculative": None} if args.no_speculative else {}  # a diagnostic: the draft's part in the tokens
+    runtime |= {k: json_or_text(v) for k, v in (kv.split("=", 1) for kv in args.wide_runtime)}
     spec = ep.spec_file(args.work, args.tp, model={"geometry": geometry, "revision": revision}, hicache=hicache,
                         **runtime)  # fmt: skip
     # the cold process must start on an empty volume: a wide step earlier on the same warm machine wrote the same
@@ -618,6 +619,7 @@ def step_wide(args, st, report: dict) -> None:
     wide["fingerprint"] = p["fingerprint"]
     rendered_runtime = ep.yaml_doc(spec)["spec"]["runtime"]
     wide["extra_args"], wide["speculative"] = rendered_runtime.get("extraArgs", []), rendered_runtime.get("speculative")
+    wide["runtime_overrides"] = {k: rendered_runtime.get(k) for k in runtime if k != "speculative"} or None
     wide["ordered_hc_mix"] = args.ordered_hc_mix  # a diagnostic, not the image's runtime
     wide["host_kv_tokens"], wide["device_kv_tokens"] = (p["sizing"]["hostKVTokensPerRank"],
                                                         p["sizing"]["deviceKVTokensPerRank"])  # fmt: skip
@@ -807,7 +809,7 @@ WIDE_KEYS = ("scale", "flat_router", "weight_bytes", "host_kv_tokens", "device_k
              "restore_steady_gbps", "third", "storage_hit_tokens_steady", "storage_hit_tokens",
              "tokens_identical", "prompts", "logits_max_abs_diff", "logprob_ids_max_abs_diff", "restore_gbps",
              "disk_read_gbps", "restore_vs_disk", "extra_args", "speculative", "ordered_hc_mix", "lp_split_at",
-             "prefetch_wait_s", "ttft_after_prefetch_s", "sampled")  # fmt: skip
+             "prefetch_wait_s", "ttft_after_prefetch_s", "sampled", "runtime_overrides")  # fmt: skip
 ROUTER_KEYS = ("replicas", "policy", "conversations", "landed_before", "landed_after", "stayed", "warm",
                "storage_tokens_after", "deferred_deletes")  # fmt: skip
 
@@ -882,6 +884,14 @@ def bench_record(report: dict) -> dict:
     wide = report.get("wide")
     out["wide"] = {k: finite(wide.get(k)) for k in WIDE_KEYS} | hit_split(wide) if wide else None
     return out
+
+
+def json_or_text(value: str):
+    """A command-line field value: JSON where it parses (numbers, null, objects), else the text itself."""
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
 
 
 def hit_split(wide: dict) -> dict:
@@ -1008,6 +1018,8 @@ def main() -> int:
                     help="appended to the spec's runtime.extraArgs, e.g. --extra-arg=--enable-deterministic-inference")
     ap.add_argument("--ordered-hc-mix", action="store_true",
                     help="wide step: the decode's hyper-connection mix in a fixed order (tests/gpu/ordered_hc_mix.py)")
+    ap.add_argument("--wide-runtime", action="append", default=[], metavar="FIELD=JSON",
+                    help="wide step: a spec runtime field set, e.g. kvCacheDtype='\"bfloat16\"' (a fingerprint input)")
     ap.add_argument("--no-speculative", action="store_true",
                     help="wide step: runtime.speculative null (no MTP draft): the draft's part in token repeats")
     ap.add_argument("--cuda-graph", action="store_true",

@@ -209,7 +209,7 @@ def test_the_whole_sequence_runs_against_the_engine_stand_in(tmp_path: Path) -> 
     stale.write_text("an earlier call's namespace")
     r, report = _run(tmp_path, "--parts", "engine", "--wide", "--wide-scale", "deep", "--flat-router",
                      "--switch-interval", "0.0002", "--third-env", "SGLANG_HICACHE_PREFETCH_POLL_INTERVAL=0",
-                     "--wide-host-gb", "8", "--profile")  # fmt: skip
+                     "--wide-host-gb", "8", "--profile", "--wide-runtime", "kvCacheDtype=bfloat16")  # fmt: skip
     bad = {k: v for k, v in report["steps"].items() if v["status"] != "ok"}
     assert r.returncode == 0 and not bad, r.stdout[-3000:] + json.dumps(bad)[:3000]
     assert "cuda_home" not in report  # the stand-in compiles nothing: no CUDA_HOME, no headers linked
@@ -225,12 +225,14 @@ def test_the_whole_sequence_runs_against_the_engine_stand_in(tmp_path: Path) -> 
     assert wide["storage_hit_tokens"] > 0 and wide["tokens_identical"] == wide["prompts"] == 4
     assert wide["fingerprint"] != report["launch"]["fingerprint"]  # its own geometry: its own namespace
     assert wide["scale"] == "deep" and wide["dims"]["num_hidden_layers"] == 48 and wide["flat_router"]
+    assert wide["runtime_overrides"] == {"kvCacheDtype": "bfloat16"}  # rendered as the spec field, a new namespace
     assert wide["disk_read"]["bytes"] > 0 and wide["restore"]["storage_tokens"] == wide["storage_hit_tokens"]
     assert not stale.exists()  # the cold process starts on an empty volume, whatever a step before left there
     assert run_engine.storage_hits(wide["per_request"]["cold"]) == 0
     rec = run_engine.bench_record(report)
     assert tuple(rec) == run_engine.RECORD_KEYS and rec["damage"] == report["damage"] and rec["router"] is None
     assert rec["wide"]["ttft_cold_s"] == wide["ttft_cold_s"] and "--disable-cuda-graph" in rec["wide"]["extra_args"]
+    assert rec["wide"]["runtime_overrides"] == wide["runtime_overrides"]
     assert rec["wide"]["prefetch_wait_s"] is not None and rec["wide"]["ttft_after_prefetch_s"] > 0
     # the steady pass (other documents, kernels compiled), the device-hit reference and the cache's own metrics
     assert wide["storage_hit_tokens_steady"] > 0 and wide["disk_vs_cold_steady"] is not None
