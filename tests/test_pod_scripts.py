@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from qwen_hicache import diskusage, podlifecycle, render_lws
-from qwen_hicache.constants import pod_script
+from qwen_hicache.constants import JIT_CACHE_DIR, pod_script
 from qwen_hicache.plan import parse_spec
 from qwen_hicache.status_model import OUTCOMES
 from resources import variant
@@ -46,6 +46,8 @@ def test_the_scripts_name_the_constants_the_operator_renders_beside_them() -> No
     assert f'os.path.join(ns, "{diskusage.CREATED_FILE}")' in diskusage.SCRIPT
     assert f'int(env.get("QWEN_HICACHE_USAGE_PORT") or {diskusage.PORT})' in diskusage.SCRIPT
     assert f'os.path.join(root, "{podlifecycle.PRESTOP_RECORD}")' in diskusage.SCRIPT
+    assert f'e.name == "{JIT_CACHE_DIR}"' in diskusage.SCRIPT
+    assert podlifecycle.GUARD_SCRIPT.count(f'"$root"/{JIT_CACHE_DIR}/*') == 1
     assert repr(OUTCOMES).replace("'", "\"") in diskusage.SCRIPT
 
 

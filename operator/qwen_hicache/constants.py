@@ -24,7 +24,7 @@ PART_OF_LABEL = "app.kubernetes.io/part-of"
 ANNOTATION_PREFIX = GROUP
 HASH_ANNOTATION = f"{ANNOTATION_PREFIX}/desired-hash"
 RENDER_VERSION_ANNOTATION = f"{ANNOTATION_PREFIX}/render-version"
-RENDER_VERSION = "7"
+RENDER_VERSION = "8"
 """The pod template's rendering (render.py): bumped when it changes, shown in status.launch."""
 CONFIG_HASH_ANNOTATION = f"{ANNOTATION_PREFIX}/config-hash"
 RESTART_ANNOTATION = f"{ANNOTATION_PREFIX}/restart"
@@ -52,6 +52,9 @@ CACHE_VOLUME = "hicache"
 PRESTOP_RECORD = ".qwen-hicache-prestop.json"
 """The last preStop's outcome, at the cache volume's root (every namespace's pods share it); its outcomes are
 status_model.OUTCOMES. The preStop writes it (podlifecycle), its environment names it (launch)."""
+JIT_CACHE_DIR = ".jit"
+"""At the cache volume's root: the runtime's compile caches, one directory per namespace (launch points them there,
+cache-guard prunes those of removed namespaces, the usage sidecar counts them apart from old namespaces)."""
 
 
 def admin_secret_name(name: str) -> str:

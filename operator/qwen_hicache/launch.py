@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .constants import PRESTOP_RECORD
+from .constants import JIT_CACHE_DIR, PRESTOP_RECORD
 from .spec import QwenHiCacheServerSpec
 
 MODEL_MOUNT = "/models"
@@ -23,8 +23,8 @@ ADMIN_KEY_ENV = "QWEN_HICACHE_ADMIN_API_KEY"
 ADMIN_SECRET_KEY = "api-key"
 DRAIN_TIMEOUT_ENV = "SGLANG_HICACHE_STORAGE_DRAIN_TIMEOUT"
 """Runtime patch 0003: seconds the SIGTERM path keeps writing queued disk backups (default 8)."""
-JIT_CACHE_ROOT = f"{CACHE_MOUNT}/.jit"
-"""Compiled kernels per cache namespace: `JIT_CACHE_ROOT/<fingerprint>` (cache-guard prunes those of removed ones)."""
+JIT_CACHE_ROOT = f"{CACHE_MOUNT}/{JIT_CACHE_DIR}"
+"""Compiled kernels per cache namespace: `JIT_CACHE_ROOT/<fingerprint>`."""
 JIT_CACHE_ENV = (("SGLANG_JIT_CACHE_DIR", "jit"), ("TRITON_CACHE_DIR", "triton"),
                  ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("CUDA_CACHE_PATH", "nv"), ("TILELANG_CACHE_DIR", "tilelang"),
                  ("FLASHINFER_WORKSPACE_BASE", ""), ("SGLANG_CUTE_AOT_CACHE_DIR", "cute_aot"),

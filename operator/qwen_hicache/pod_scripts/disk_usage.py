@@ -69,9 +69,13 @@ def scan():
                 files[m.group(1)] += 1
             except OSError:
                 pass
-    old = 0
+    old = jit = 0
     for e in os.scandir(root):
-        if e.is_dir(follow_symlinks=False) and e.name not in (fp, ".jit") and not e.name.startswith("lost+found"):
+        if not e.is_dir(follow_symlinks=False) or e.name == fp or e.name.startswith("lost+found"):
+            continue
+        if e.name == ".jit":
+            jit = du(e.path)
+        else:
             old += du(e.path)
     st = os.statvfs(root)
     lines, typed = [], set()
@@ -89,7 +93,7 @@ def scan():
         for r in sorted(used, key=int):
             put("qwen_hicache_disk_cap_bytes", cap, "The runtime's disk-tier cap per TP rank.", tp_rank=r)
     put("qwen_hicache_disk_old_namespaces_bytes", old, "Bytes of earlier cache namespaces kept on the volume.")
-    put("qwen_hicache_disk_compiled_kernels_bytes", du(os.path.join(root, ".jit")),
+    put("qwen_hicache_disk_compiled_kernels_bytes", jit,
         "Bytes of the runtime's compile caches on the volume (every kept namespace's).")
     put("qwen_hicache_disk_volume_used_bytes", (st.f_blocks - st.f_bfree) * st.f_frsize, "Used bytes of the volume.")
     put("qwen_hicache_disk_volume_size_bytes", st.f_blocks * st.f_frsize, "Size of the cache volume.")
