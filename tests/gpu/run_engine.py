@@ -1018,8 +1018,8 @@ def main() -> int:
                     help="appended to the spec's runtime.extraArgs, e.g. --extra-arg=--enable-deterministic-inference")
     ap.add_argument("--ordered-hc-mix", action="store_true",
                     help="wide step: the decode's hyper-connection mix in a fixed order (tests/gpu/ordered_hc_mix.py)")
-    ap.add_argument("--wide-runtime", action="append", default=[], metavar="FIELD=JSON",
-                    help="wide step: a spec runtime field set, e.g. kvCacheDtype='\"bfloat16\"' (a fingerprint input)")
+    ap.add_argument("--wide-runtime", action="append", default=[], metavar="FIELD=VALUE",
+                    help="wide step: a spec runtime field (JSON, else text), e.g. kvCacheDtype=bfloat16")
     ap.add_argument("--no-speculative", action="store_true",
                     help="wide step: runtime.speculative null (no MTP draft): the draft's part in token repeats")
     ap.add_argument("--cuda-graph", action="store_true",
