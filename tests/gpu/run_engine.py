@@ -644,6 +644,9 @@ def step_wide(args, st, report: dict) -> None:
     # hits of the disk hits' length (the saved state extended by the same compute as the restart's disk hits)
     with window("reuse"):
         reuse = [run_prompts(s1, first, args.max_new, f"wide-reuse-{k}") for k in (1, 2, 3)]
+    # kept now: a step that runs out of time in the second process still reports the first one's figures
+    wide.update(ttft_cold_s=median(first_ttfts(cold)), ttft_cold_steady_s=median(first_ttfts(steady)),
+                per_request={"cold": strip(cold), "cold_steady": strip(steady), "reuse": [strip(r) for r in reuse]})
     wait_files_stable(cache)
     wide["stop"] = s1.stop_as_pod()
     wide["disk_read"] = disk_read_gbps(cache)  # drops the page cache before and after
@@ -657,15 +660,14 @@ def step_wide(args, st, report: dict) -> None:
     wide["metrics"] = metrics_excerpt(ep.metrics(s2.host, s2.port))
     wide["sampled"] = ep.sample(s2.host, s2.port, "The cache came back from disk and", args.max_new)
     # disk TTFTs over the requests that did hit the disk (a refused prefetch is a recompute: counted apart)
-    ttft = {"ttft_cold_s": median(first_ttfts(cold)), "ttft_disk_s": median(first_ttfts(warm, disk_only=True)),
-            "ttft_cold_steady_s": median(first_ttfts(steady)),
+    ttft = {"ttft_cold_s": wide["ttft_cold_s"], "ttft_disk_s": median(first_ttfts(warm, disk_only=True)),
+            "ttft_cold_steady_s": wide["ttft_cold_steady_s"],
             "ttft_disk_steady_s": median(first_ttfts(warm_steady, disk_only=True))}  # fmt: skip
     wide["disk_misses"] = len(warm + warm_steady) - len(first_ttfts(warm + warm_steady, disk_only=True))
     wide.update(compare(cold, warm), storage_hit_tokens=storage_hits(warm), **ttft,
                 storage_hit_tokens_steady=storage_hits(warm_steady),
                 **reuse_figures(cold, reuse, warm),
-                per_request={"cold": strip(cold), "disk_warm": strip(warm), "cold_steady": strip(steady),
-                             "disk_steady": strip(warm_steady), "reuse": [strip(r) for r in reuse]})  # fmt: skip
+                per_request=wide["per_request"] | {"disk_warm": strip(warm), "disk_steady": strip(warm_steady)})
     wide.update(restore_figures(warm, p), disk_read_gbps=wide["disk_read"]["gbps"],
                 restore_steady_gbps=restore_figures(warm_steady, p)["restore_gbps"])
     wide.update(disk_vs_cold=ratio(ttft["ttft_disk_s"], ttft["ttft_cold_s"]),
@@ -801,7 +803,7 @@ RECORD_KEYS = ("date", "gpu", "model_type", "tp", "restarts", "ttft_cold_s", "tt
                "restore_gbps", "disk_read_gbps", "copy_gbps", "copy_limit_gbps", "copy_jit", "damage",
                "router", "wide", "stand_ins", "rollout_warm", "stop_exit_codes", "files_after_flush",
                "host_pool_per_rank", "fingerprint_change", "first_tokens_identical", "recompute_identical",
-               "reuse_identical", "damage_storage_tokens")  # fmt: skip
+               "reuse_identical", "damage_storage_tokens", "server_startup")  # fmt: skip
 WIDE_KEYS = ("scale", "flat_router", "weight_bytes", "host_kv_tokens", "device_kv_tokens", "warmup_ttft_s",
              "ttft_cold_s", "ttft_disk_s", "disk_vs_cold",
              "ttft_cold_steady_s", "ttft_disk_steady_s", "disk_vs_cold_steady", "vs_reuse", "reuse_repeat",
@@ -809,7 +811,8 @@ WIDE_KEYS = ("scale", "flat_router", "weight_bytes", "host_kv_tokens", "device_k
              "restore_steady_gbps", "third", "storage_hit_tokens_steady", "storage_hit_tokens",
              "tokens_identical", "prompts", "logits_max_abs_diff", "logprob_ids_max_abs_diff", "restore_gbps",
              "disk_read_gbps", "restore_vs_disk", "extra_args", "speculative", "ordered_hc_mix", "lp_split_at",
-             "prefetch_wait_s", "ttft_after_prefetch_s", "sampled", "runtime_overrides")  # fmt: skip
+             "prefetch_wait_s", "ttft_after_prefetch_s", "sampled", "runtime_overrides", "start_cold_s",
+             "start_warm_s")  # fmt: skip
 ROUTER_KEYS = ("replicas", "policy", "conversations", "landed_before", "landed_after", "stayed", "warm",
                "storage_tokens_after", "deferred_deletes")  # fmt: skip
 
@@ -952,6 +955,8 @@ def record(raw: list[Path], notes: list[str] | None = None) -> dict:
         steps = {**report.get("steps", {}), **part.get("steps", {})}
         report.update({k: v for k, v in part.items() if v is not None})
         report["steps"] = steps
+    startup = {name: phases for path in raw for name, phases in logs_startup(path).items()}
+    report["server_startup"] = {**report.get("server_startup", {}), **startup} or None
     rec = bench_record(report)
     if notes:
         rec["notes"] = notes
@@ -959,6 +964,38 @@ def record(raw: list[Path], notes: list[str] | None = None) -> dict:
     runs = [r for r in runs if (r.get("date"), r.get("tp")) != (rec["date"], rec["tp"])] + [rec]
     BENCH_JSON.write_text(json.dumps(sorted(runs, key=lambda r: (r["date"], r["tp"])), indent=1) + "\n")
     return rec
+
+
+STARTUP_LINE = re.compile(r"Engine startup timings \(s\): (.*)$", re.M)
+CAPTURE_LINE = re.compile(r"Capture (\w+ \w+) CUDA graph end\..*?elapsed=([\d.]+) s", re.M)
+LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\]", re.M)
+
+
+def startup_phases(log: str) -> dict:
+    """Where a server's start-up went, from its own log: the engine's summary line (present once the scheduler is
+    up), each CUDA graph capture's seconds (logged as each ends, so a process killed before it was ready still says
+    how far it got), and the seconds from its first to its last timestamped line. A start against the compile
+    caches an earlier process left on the volume shows here as shorter captures (Triton and JIT kernels loaded, not
+    built)."""
+    out: dict = {"captures": {m[1].replace(" ", "_"): float(m[2]) for m in CAPTURE_LINE.finditer(log)}}
+    summary = STARTUP_LINE.search(log)
+    if summary:  # load_weight=2.41, ..., cuda_graph={prefill=101.14, ...}, tokenizer_e2e=182.91
+        flat = re.sub(r"cuda_graph=\{[^}]*\},?\s*", "", summary[1])
+        out["engine"] = {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", flat)}
+    stamps = [time.mktime(time.strptime(t, "%Y-%m-%d %H:%M:%S")) for t in LOG_TIME.findall(log)]
+    out["logged_s"] = stamps[-1] - stamps[0] if stamps else None
+    return out
+
+
+def logs_startup(report_path: Path) -> dict:
+    """`startup_phases` of every server log in the run's archive (`logs-tpN.tgz` beside its report), by server."""
+    tgz = report_path.with_name(report_path.name.replace("engine-", "logs-").replace(".json", ".tgz"))
+    if not tgz.exists():
+        return {}
+    with tarfile.open(tgz) as tar:
+        logs = [m for m in tar.getmembers() if m.isfile() and Path(m.name).name.startswith("server-")]
+        return {Path(m.name).stem.removeprefix("server-"): startup_phases(tar.extractfile(m).read().decode(
+            errors="replace")) for m in logs}  # fmt: skip
 
 
 def pack_logs(args) -> None:

@@ -14,6 +14,7 @@ import random
 import re
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -233,6 +234,7 @@ def test_the_whole_sequence_runs_against_the_engine_stand_in(tmp_path: Path) -> 
     assert tuple(rec) == run_engine.RECORD_KEYS and rec["damage"] == report["damage"] and rec["router"] is None
     assert rec["wide"]["ttft_cold_s"] == wide["ttft_cold_s"] and "--disable-cuda-graph" in rec["wide"]["extra_args"]
     assert rec["wide"]["runtime_overrides"] == wide["runtime_overrides"]
+    assert rec["wide"]["start_cold_s"] > 0 and rec["wide"]["start_warm_s"] > 0 and rec["server_startup"] is None
     assert rec["wide"]["prefetch_wait_s"] is not None and rec["wide"]["ttft_after_prefetch_s"] > 0
     # the steady pass (other documents, kernels compiled), the device-hit reference and the cache's own metrics
     assert wide["storage_hit_tokens_steady"] > 0 and wide["disk_vs_cold_steady"] is not None
@@ -335,3 +337,36 @@ def test_ordered_hc_mix_makes_every_server_process_skip_the_atomic_mix(tmp_path:
     assert run([tree]) == "False False"
     assert run_engine.server_hooks(SimpleNamespace(work=tmp_path, out=tmp_path / "o", profile=False,
                                                ordered_hc_mix=False))[0] == ()  # fmt: skip
+
+
+COLD_LOG = """[2026-12-07 13:00:17] Setting page size to 64 for compressed QSA (full//ratio compressed addressing).
+ 0%| 0/58[2026-12-07 13:02:32] Capture target prefill CUDA graph end. elapsed=101.14 s, mem usage=6.65 GB
+[2026-12-07 13:02:44] Capture target verify CUDA graph end. bs=[1, 2, 3, 4, 5, 6, 7, 8], elapsed=12.16 s, mem
+[2026-12-07 13:02:53] Capture draft decode CUDA graph end. elapsed=6.23 s, mem usage=0.01 GB, avail mem=111.11 GB.
+[2026-12-07 13:03:23] Engine startup timings (s): load_weight=2.41, kv_cache_allocation=2.51, scheduler_e2e=160.89, \
+cuda_graph={prefill=101.14, decode=0.00, target_verify=12.16}, tokenizer_e2e=182.91
+[2026-12-07 13:03:24] INFO:     127.0.0.1:40956 - "GET /health HTTP/1.1" 503 Service Unavailable
+"""  # the H200 run of 2026-12-07 12:59, shortened; a second process killed during its captures says only those
+WARM_LOG = """[2026-12-07 13:04:40] Setting page size to 64 for compressed QSA (full//ratio compressed addressing).
+[2026-12-07 13:05:55] Capture target prefill CUDA graph end. elapsed=38.66 s, mem usage=6.65 GB, avail mem=112.99 GB.
+"""
+
+
+def test_startup_phases_come_from_the_servers_own_log_lines_even_when_a_process_was_killed(tmp_path: Path) -> None:
+    cold = run_engine.startup_phases(COLD_LOG)
+    assert cold["captures"] == {"target_prefill": 101.14, "target_verify": 12.16, "draft_decode": 6.23}
+    assert cold["engine"] == {"load_weight": 2.41, "kv_cache_allocation": 2.51, "scheduler_e2e": 160.89,
+                              "tokenizer_e2e": 182.91}  # fmt: skip
+    assert cold["logged_s"] == 187
+    warm = run_engine.startup_phases(WARM_LOG)
+    assert warm == {"captures": {"target_prefill": 38.66}, "logged_s": 75}  # no summary: killed before ready
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "server-wide-cold.log").write_text(COLD_LOG)
+    (logs / "server-wide-warm.log").write_text(WARM_LOG)
+    (logs / "router.log").write_text("not a server")
+    with tarfile.open(tmp_path / "logs-tp1.tgz", "w:gz") as tar:
+        tar.add(logs, arcname="logs")
+    got = run_engine.logs_startup(tmp_path / "engine-tp1.json")
+    assert got == {"wide-cold": cold, "wide-warm": warm}
+    assert run_engine.logs_startup(tmp_path / "elsewhere" / "engine-tp1.json") == {}
