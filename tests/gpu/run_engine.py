@@ -956,7 +956,7 @@ def record(raw: list[Path], notes: list[str] | None = None) -> dict:
         report.update({k: v for k, v in part.items() if v is not None})
         report["steps"] = steps
     startup = {name: phases for path in raw for name, phases in logs_startup(path).items()}
-    report["server_startup"] = {**report.get("server_startup", {}), **startup} or None
+    report["server_startup"] = {**(report.get("server_startup") or {}), **startup} or None
     rec = bench_record(report)
     if notes:
         rec["notes"] = notes
