@@ -660,18 +660,17 @@ def step_wide(args, st, report: dict) -> None:
     wide["metrics"] = metrics_excerpt(ep.metrics(s2.host, s2.port))
     wide["sampled"] = ep.sample(s2.host, s2.port, "The cache came back from disk and", args.max_new)
     # disk TTFTs over the requests that did hit the disk (a refused prefetch is a recompute: counted apart)
-    ttft = {"ttft_cold_s": wide["ttft_cold_s"], "ttft_disk_s": median(first_ttfts(warm, disk_only=True)),
-            "ttft_cold_steady_s": wide["ttft_cold_steady_s"],
-            "ttft_disk_steady_s": median(first_ttfts(warm_steady, disk_only=True))}  # fmt: skip
+    wide.update(ttft_disk_s=median(first_ttfts(warm, disk_only=True)),
+                ttft_disk_steady_s=median(first_ttfts(warm_steady, disk_only=True)))
     wide["disk_misses"] = len(warm + warm_steady) - len(first_ttfts(warm + warm_steady, disk_only=True))
-    wide.update(compare(cold, warm), storage_hit_tokens=storage_hits(warm), **ttft,
+    wide.update(compare(cold, warm), storage_hit_tokens=storage_hits(warm),
                 storage_hit_tokens_steady=storage_hits(warm_steady),
                 **reuse_figures(cold, reuse, warm),
                 per_request=wide["per_request"] | {"disk_warm": strip(warm), "disk_steady": strip(warm_steady)})
     wide.update(restore_figures(warm, p), disk_read_gbps=wide["disk_read"]["gbps"],
                 restore_steady_gbps=restore_figures(warm_steady, p)["restore_gbps"])
-    wide.update(disk_vs_cold=ratio(ttft["ttft_disk_s"], ttft["ttft_cold_s"]),
-                disk_vs_cold_steady=ratio(ttft["ttft_disk_steady_s"], ttft["ttft_cold_steady_s"]),
+    wide.update(disk_vs_cold=ratio(wide["ttft_disk_s"], wide["ttft_cold_s"]),
+                disk_vs_cold_steady=ratio(wide["ttft_disk_steady_s"], wide["ttft_cold_steady_s"]),
                 restore_vs_disk=ratio(wide["restore_gbps"], wide["disk_read_gbps"]))  # fmt: skip
     s2.stop_as_pod()
     if args.profile:
@@ -955,7 +954,9 @@ def record(raw: list[Path], notes: list[str] | None = None) -> dict:
         steps = {**report.get("steps", {}), **part.get("steps", {})}
         report.update({k: v for k, v in part.items() if v is not None})
         report["steps"] = steps
-    startup = {name: phases for path in raw for name, phases in logs_startup(path).items()}
+    startup = {name: phases for path in raw
+               for name, phases in logs_startup(logs_archive(path.parent, json.loads(path.read_text())["tp"]))
+               .items()}  # fmt: skip
     report["server_startup"] = {**(report.get("server_startup") or {}), **startup} or None
     rec = bench_record(report)
     if notes:
@@ -982,14 +983,18 @@ def startup_phases(log: str) -> dict:
     if summary:  # load_weight=2.41, ..., cuda_graph={prefill=101.14, ...}, tokenizer_e2e=182.91
         flat = re.sub(r"cuda_graph=\{[^}]*\},?\s*", "", summary[1])
         out["engine"] = {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", flat)}
-    stamps = [time.mktime(time.strptime(t, "%Y-%m-%d %H:%M:%S")) for t in LOG_TIME.findall(log)]
-    out["logged_s"] = stamps[-1] - stamps[0] if stamps else None
+    stamps = [datetime.datetime.fromisoformat(t) for t in LOG_TIME.findall(log)]
+    out["logged_s"] = (stamps[-1] - stamps[0]).total_seconds() if stamps else None
     return out
 
 
-def logs_startup(report_path: Path) -> dict:
-    """`startup_phases` of every server log in the run's archive (`logs-tpN.tgz` beside its report), by server."""
-    tgz = report_path.with_name(report_path.name.replace("engine-", "logs-").replace(".json", ".tgz"))
+def logs_archive(folder: Path, tp: int) -> Path:
+    """Where `pack_logs` puts a run's logs, beside its report."""
+    return folder / f"logs-tp{tp}.tgz"
+
+
+def logs_startup(tgz: Path) -> dict:
+    """`startup_phases` of every server log in a run's archive (`logs_archive`), by server."""
     if not tgz.exists():
         return {}
     with tarfile.open(tgz) as tar:
@@ -1000,7 +1005,7 @@ def logs_startup(report_path: Path) -> dict:
 
 def pack_logs(args) -> None:
     """Server, router and install logs in one archive under OUT (the device tool returns at most 8 files)."""
-    with tarfile.open(args.out / f"logs-tp{args.tp}.tgz", "w:gz") as tar:
+    with tarfile.open(logs_archive(args.out, args.tp), "w:gz") as tar:
         for d in (args.work / "logs", args.work / "router" / "logs"):
             if d.exists():
                 tar.add(d, arcname=str(d.relative_to(args.work)))

@@ -367,6 +367,6 @@ def test_startup_phases_come_from_the_servers_own_log_lines_even_when_a_process_
     (logs / "router.log").write_text("not a server")
     with tarfile.open(tmp_path / "logs-tp1.tgz", "w:gz") as tar:
         tar.add(logs, arcname="logs")
-    got = run_engine.logs_startup(tmp_path / "engine-tp1.json")
+    got = run_engine.logs_startup(run_engine.logs_archive(tmp_path, 1))
     assert got == {"wide-cold": cold, "wide-warm": warm}
-    assert run_engine.logs_startup(tmp_path / "elsewhere" / "engine-tp1.json") == {}
+    assert run_engine.logs_startup(run_engine.logs_archive(tmp_path / "elsewhere", 1)) == {}
