@@ -9,6 +9,7 @@ router seam) run end to end against the engine stand-in, so the GPU lease only m
 
 from __future__ import annotations
 
+import ast
 import json
 import random
 import re
@@ -370,3 +371,56 @@ def test_startup_phases_come_from_the_servers_own_log_lines_even_when_a_process_
     got = run_engine.logs_startup(run_engine.logs_archive(tmp_path, 1))
     assert got == {"wide-cold": cold, "wide-warm": warm}
     assert run_engine.logs_startup(run_engine.logs_archive(tmp_path / "elsewhere", 1)) == {}
+
+
+class _Number(float):
+    """A value for any expression a log call's f-string holds (`time.perf_counter() - tic` too)."""
+
+    def __getattr__(self, _name: str) -> _Number:
+        return self
+
+    def __call__(self, *_args: object, **_kwargs: object) -> _Number:
+        return self
+
+
+class _Values(dict):
+    """Any name a log call's f-string reads: a capture's name, else a number for its `:.2f` fields."""
+
+    def __missing__(self, name: str) -> object:
+        return "target prefill" if name == "capture_name" else _Number(12.5)
+
+
+def _runtime_messages(tree: Path, marker: str) -> list[str]:
+    """Every string literal or f-string in the runtime's source holding `marker`, evaluated on stand-in values."""
+    out = []
+    for path in sorted((tree / "sglang").rglob("*.py")):
+        text = path.read_text()
+        if marker not in text:
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.JoinedStr) and marker in ast.unparse(node):
+                out.append(eval(compile(ast.Expression(node), str(path), "eval"), {}, _Values()))  # noqa: S307
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and marker in node.value:
+                out.append(node.value)
+    return out
+
+
+def test_the_runtime_still_logs_the_start_up_lines_startup_phases_reads() -> None:
+    """`startup_phases` parses the runtime's own log lines; their text comes from the patched tree we ship, formatted
+    as its logger does (`configure_logger`: `[%Y-%m-%d %H:%M:%S] message`), so a reworded line fails here, not on a
+    lease."""
+    from harness.sim.sglang_tree import patched_sglang_tree
+
+    tree = patched_sglang_tree()
+    stamp = "[2026-12-07 13:00:00] "
+    captures = _runtime_messages(tree, "CUDA graph end. ")
+    assert len(captures) >= 3, captures  # the target prefill/decode captures and the draft's
+    summary = _runtime_messages(tree, "Engine startup timings (s): ")
+    assert len(summary) == 1, summary
+    line = summary[0] % (2.41, 2.51, 160.89, "prefill=101.14, decode=0.00", 182.91)
+    got = run_engine.startup_phases("\n".join(stamp + m for m in [*captures, line]))
+    assert {"target_prefill", "draft_decode"} <= set(got["captures"]), captures
+    assert all(isinstance(v, float) for v in got["captures"].values())
+    assert got["engine"] == {"load_weight": 2.41, "kv_cache_allocation": 2.51, "scheduler_e2e": 160.89,
+                             "tokenizer_e2e": 182.91}  # fmt: skip
+    assert got["logged_s"] == 0
