@@ -33,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 SPEC = HERE / "data" / "tiny-qhc.yaml"
 CORPUS = HERE / "data" / "tiny_corpus.txt"
 SHIM = HERE / "shim"  # flash_attn stand-in (shim/flash_attn/__init__.py)
+PROCESS_MARK = "==== qhc-engine-run: process start "  # then the pod's tag and the time; one per server process
 ENGINE_PATH: list[str] = []  # extra PYTHONPATH entries for --engine-cmd (the CPU test's engine stand-in)
 ENGINE_CMD: list[str] = []  # replaces `python3 -m sglang.launch_server` (CPU test only)
 EXTRA_ARGS: list[str] = []  # appended to the spec's runtime.extraArgs (a run's condition, e.g. deterministic mode)
@@ -198,6 +199,8 @@ class Server:
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(self.tp)))
         self.launched = time.time()
         self.fh = open(self.log_path, "ab")  # noqa: SIM115 - the server writes it until it exits
+        self.fh.write(f"{PROCESS_MARK}{self.tag} {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        self.fh.flush()  # a pod restarted in one call appends to its log: this line starts each process's part
         self.proc = subprocess.Popen(self.p["argv"], env=env, stdout=self.fh, stderr=subprocess.STDOUT,
                                      start_new_session=True)  # fmt: skip
         SERVERS.append(self)

@@ -993,14 +993,36 @@ def logs_archive(folder: Path, tp: int) -> Path:
     return folder / f"logs-tp{tp}.tgz"
 
 
+def processes(log: str) -> list[str]:
+    """A pod's log cut into its server processes (`engine_pod.PROCESS_MARK` starts each; text before the first mark,
+    as in a log written before the mark existed, is one process)."""
+    parts = re.split(rf"^{re.escape(ep.PROCESS_MARK)}.*$\n?", log, flags=re.M)
+    return [p for i, p in enumerate(parts) if p.strip() or (i == 0 and len(parts) == 1)]
+
+
 def logs_startup(tgz: Path) -> dict:
-    """`startup_phases` of every server log in a run's archive (`logs_archive`), by server."""
+    """`startup_phases` of every server process in a run's archive (`logs_archive`), by pod (`wide-cold`), and by pod
+    and start where a pod restarted in the call (`server-0`, `server-0#2`)."""
     if not tgz.exists():
         return {}
+    out = {}
     with tarfile.open(tgz) as tar:
-        logs = [m for m in tar.getmembers() if m.isfile() and Path(m.name).name.startswith("server-")]
-        return {Path(m.name).stem.removeprefix("server-"): startup_phases(tar.extractfile(m).read().decode(
-            errors="replace")) for m in logs}  # fmt: skip
+        for m in tar.getmembers():
+            if m.isfile() and Path(m.name).name.startswith("server-"):
+                pod = Path(m.name).stem.removeprefix("server-")
+                for i, part in enumerate(processes(tar.extractfile(m).read().decode(errors="replace"))):
+                    out[pod if i == 0 else f"{pod}#{i + 1}"] = startup_phases(part)
+    return out
+
+
+def fresh_logs(work: Path) -> Path:
+    """This call's log folder, emptied. The device machine keeps the work directory between calls and a pod's log is
+    appended to, so a call's archive held every earlier call's processes too (2026-12-07 16:09-16:26: a summary line
+    of the first call read as the fourth's)."""
+    logs = work / "logs"
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir(parents=True)
+    return logs
 
 
 def pack_logs(args) -> None:
@@ -1082,7 +1104,7 @@ def main() -> int:
     parts = set(args.parts.split(","))
     if "engine" in parts:
         shutil.rmtree(args.work / "hicache", ignore_errors=True)
-    (args.work / "logs").mkdir(parents=True, exist_ok=True)
+    fresh_logs(args.work)
     report = {**environment(), "model_type": "qwen4_exp", "tp": args.tp, "smoke": args.smoke,
               "parts": sorted(parts), "deadline_s": args.deadline}  # fmt: skip
     run = Run(args, report)

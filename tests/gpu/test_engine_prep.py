@@ -373,6 +373,23 @@ def test_startup_phases_come_from_the_servers_own_log_lines_even_when_a_process_
     assert run_engine.logs_startup(run_engine.logs_archive(tmp_path / "elsewhere", 1)) == {}
 
 
+def test_a_pod_restarted_in_one_call_gives_each_process_its_own_start_up_and_calls_do_not_share_logs(
+        tmp_path: Path) -> None:
+    """A pod's log is appended to (the one-pod sequence restarts `server-0`); the mark engine_pod writes before each
+    process splits it. The device machine keeps the work directory between calls: each call empties its logs."""
+    mark = run_engine.ep.PROCESS_MARK
+    logs = run_engine.fresh_logs(tmp_path)
+    (logs / "server-0.log").write_text(f"{mark}0 2026-12-07 13:00:00\n{COLD_LOG}"
+                                       f"{mark}0 2026-12-07 13:04:39\n{WARM_LOG}")  # fmt: skip
+    with tarfile.open(run_engine.logs_archive(tmp_path, 1), "w:gz") as tar:
+        tar.add(logs, arcname="logs")
+    got = run_engine.logs_startup(run_engine.logs_archive(tmp_path, 1))
+    assert got == {"0": run_engine.startup_phases(COLD_LOG), "0#2": run_engine.startup_phases(WARM_LOG)}
+    assert got["0"]["engine"]["scheduler_e2e"] == 160.89 and "engine" not in got["0#2"]
+    assert run_engine.processes("") == [""] and run_engine.processes(COLD_LOG) == [COLD_LOG]
+    assert list(run_engine.fresh_logs(tmp_path).iterdir()) == []  # the next call starts with none of these
+
+
 class _Number(float):
     """A value for any expression a log call's f-string holds (`time.perf_counter() - tic` too)."""
 
