@@ -19,10 +19,11 @@ group, then the KV chunks):
 Baseline: the parent never syncs (its acknowledged pages are not durable), so it runs with one ``syncfs`` at
 the end of every backup operation: the sync patch 0006's group commit makes ("the parent plus the same
 syncs"). Write rate: KV payload over the summed time of the tree's turns, each from the first operation queued to
-the last acknowledged. Read rate: KV payload over the summed time of the tree's 8 read turns, each reading every KV
-page of the pattern back, dropped from the page cache before, by the controller's prefetch path
-(``_generic_page_get``, 128-page batches; the patched tree verifies each page). Startup: the
-``HiCacheFile`` constructor over ``--startup-files`` page files plus 1% stale temporaries, size cap on (first run).
+the last acknowledged. Read rate: KV payload over the summed time of the tree's 8 read turns (after one unmeasured
+read per tree: WARMUP_READS), each reading every KV page of the pattern back, dropped from the page cache before, by
+the controller's prefetch path (``_generic_page_get``, 128-page batches; the patched tree verifies each page).
+Startup: the ``HiCacheFile`` constructor over ``--startup-files`` page files plus 1% stale temporaries, size cap on
+(first run).
 
     python bench/file_tier.py [--repeat 3] [--startup-files 100000] [--dir /var/tmp] [--json] [--turns]
     python bench/file_tier.py --smoke     # tiny pages, one run: checks the bench runs
