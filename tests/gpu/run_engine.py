@@ -949,14 +949,13 @@ def record(raw: list[Path], notes: list[str] | None = None) -> dict:
     one per run (date and tp), so an earlier run's figures stay beside a later one's; `notes`: the run's conditions
     where its report does not hold them."""
     report: dict = {}
+    startup: dict = {}
     for path in raw:
         part = json.loads(path.read_text())
         steps = {**report.get("steps", {}), **part.get("steps", {})}
         report.update({k: v for k, v in part.items() if v is not None})
         report["steps"] = steps
-    startup = {name: phases for path in raw
-               for name, phases in logs_startup(logs_archive(path.parent, json.loads(path.read_text())["tp"]))
-               .items()}  # fmt: skip
+        startup.update(logs_startup(logs_archive(path.parent, part["tp"])))
     report["server_startup"] = {**(report.get("server_startup") or {}), **startup} or None
     rec = bench_record(report)
     if notes:
@@ -994,10 +993,10 @@ def logs_archive(folder: Path, tp: int) -> Path:
 
 
 def processes(log: str) -> list[str]:
-    """A pod's log cut into its server processes (`engine_pod.PROCESS_MARK` starts each; text before the first mark,
-    as in a log written before the mark existed, is one process)."""
+    """A pod's log cut into its server processes (`engine_pod.PROCESS_MARK` starts each; a log without a mark, as one
+    written before the mark existed, is one process)."""
     parts = re.split(rf"^{re.escape(ep.PROCESS_MARK)}.*$\n?", log, flags=re.M)
-    return [p for i, p in enumerate(parts) if p.strip() or (i == 0 and len(parts) == 1)]
+    return parts[1:] if len(parts) > 1 and not parts[0].strip() else parts
 
 
 def logs_startup(tgz: Path) -> dict:
