@@ -39,6 +39,7 @@ ENGINE_CMD: list[str] = []  # replaces `python3 -m sglang.launch_server` (CPU te
 EXTRA_ARGS: list[str] = []  # appended to the spec's runtime.extraArgs (a run's condition, e.g. deterministic mode)
 DROP_ARGS: list[str] = []  # removed from the spec's runtime.extraArgs (e.g. --disable-cuda-graph: graphs on)
 LOG_LINES: list[str] = []
+JIT_DIR = ".jit"  # qwen_hicache.constants.JIT_CACHE_DIR: the compile caches' folder on the cache volume
 SERVERS: list[Server] = []  # every server started, so a failed step can stop whatever it left running
 T0 = time.time()
 
@@ -51,6 +52,22 @@ def log(msg: str) -> None:
 
 def utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def empty_volume(volume: Path, keep_compiled: bool = False, seed: Path | None = None) -> None:
+    """An empty cache volume for a cold start. With `keep_compiled` its compile caches (`JIT_DIR`: kernels, no model
+    state) stay, and `seed`'s are copied in where it has none: a pod's volume keeps them across restarts, and a cold
+    start that compiles everything again costs a device call 150-226 s before any request is served."""
+    kept = volume.parent / f".{volume.name}-compiled"
+    shutil.rmtree(kept, ignore_errors=True)
+    if keep_compiled and (volume / JIT_DIR).is_dir():
+        (volume / JIT_DIR).rename(kept)
+    shutil.rmtree(volume, ignore_errors=True)
+    volume.mkdir(parents=True)
+    if kept.is_dir():
+        kept.rename(volume / JIT_DIR)
+    elif keep_compiled and seed is not None and seed.is_dir():
+        shutil.copytree(seed, volume / JIT_DIR, symlinks=True)
 
 
 # ---- the operator's outputs -----------------------------------------------------------------------------------

@@ -1075,6 +1075,8 @@ def main() -> int:
     ap.add_argument("--fillers", type=int, default=48)
     ap.add_argument("--model-dir", type=Path, help="use this model directory instead of building the tiny one")
     ap.add_argument("--check-weights", action="store_true", help="load_weights check beside the cold start")
+    ap.add_argument("--keep-compile-caches", action="store_true",
+                    help="keep the volumes' compiled kernels from an earlier call on this machine (model state goes)")
     ap.add_argument("--note", action="append", default=[],
                     help="a condition of this run, kept in stand_ins (with --record: the record's notes)")
     ap.add_argument("--extra-arg", action="append", default=[],
@@ -1102,7 +1104,10 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     parts = set(args.parts.split(","))
     if "engine" in parts:
-        shutil.rmtree(args.work / "hicache", ignore_errors=True)
+        ep.empty_volume(args.work / "hicache", args.keep_compile_caches)
+    if args.keep_compile_caches:
+        args.note.append("compile caches kept on the volumes from an earlier call (the router's pods seeded from the "
+                         "one-pod volume's): start-up times are a restarted pod's, not a new volume's")
     fresh_logs(args.work)
     report = {**environment(), "model_type": "qwen4_exp", "tp": args.tp, "smoke": args.smoke,
               "parts": sorted(parts), "deadline_s": args.deadline}  # fmt: skip

@@ -441,3 +441,24 @@ def test_the_runtime_still_logs_the_start_up_lines_startup_phases_reads() -> Non
     assert got["engine"] == {"load_weight": 2.41, "kv_cache_allocation": 2.51, "scheduler_e2e": 160.89,
                              "tokenizer_e2e": 182.91}  # fmt: skip
     assert got["logged_s"] == 0
+
+
+def test_a_kept_volume_loses_its_model_state_and_keeps_only_its_compiled_kernels(tmp_path: Path) -> None:
+    """`--keep-compile-caches`: a later call on the same machine starts as a restarted pod (kernels on the volume),
+    never warm from an earlier call's pages; the router's new volumes take the one-pod volume's kernels."""
+    from qwen_hicache.constants import JIT_CACHE_DIR
+
+    assert engine_pod.JIT_DIR == JIT_CACHE_DIR
+    vol = tmp_path / "hicache"
+    (vol / "v1-abc").mkdir(parents=True)
+    (vol / "v1-abc" / "page.bin").write_bytes(b"kv")
+    (vol / JIT_CACHE_DIR / "v1-abc" / "triton").mkdir(parents=True)
+    (vol / JIT_CACHE_DIR / "v1-abc" / "triton" / "k.cubin").write_bytes(b"sass")
+    engine_pod.empty_volume(vol, keep_compiled=True)
+    assert sorted(p.name for p in vol.iterdir()) == [JIT_CACHE_DIR]
+    assert (vol / JIT_CACHE_DIR / "v1-abc" / "triton" / "k.cubin").read_bytes() == b"sass"
+    seeded = tmp_path / "router" / "volume-0"
+    engine_pod.empty_volume(seeded, keep_compiled=True, seed=vol / JIT_CACHE_DIR)
+    assert (seeded / JIT_CACHE_DIR / "v1-abc" / "triton" / "k.cubin").exists()
+    engine_pod.empty_volume(vol)
+    assert list(vol.iterdir()) == [] and not list(tmp_path.glob(".*-compiled"))
