@@ -543,20 +543,12 @@ def step_fingerprint_and_damage(args, st, report: dict) -> None:
     one's listing unchanged) and the old namespace with three damaged page files (misses, never wrong output)."""
     tp = args.tp
     report["damage_files"] = damage(st.cdir, st.files_by_conv, tp)  # every server of this namespace is stopped
-    p3 = ep.plan(args.site, ep.spec_file(args.work, tp, kvCacheDtype="bfloat16"), st.model_dir,
-                 args.work / "hicache", 30001, args.host)  # fmt: skip
     p4 = ep.plan(args.site, Path(st.p["spec_path"]), st.model_dir, args.work / "hicache", 30002, args.host)
-    s3 = ep.Server(p3, args.site, st.logs, "new-fingerprint", tp)
     s4 = ep.Server(p4, args.site, st.logs, "damaged", tp)
-    report["start_fingerprint_damaged_s"] = ep.start_together([s3, s4])
-    digest = tree_digest(st.cdir)  # after both init containers ran (the guard touches its namespace's marker)
-    fresh = run_prompts(s3, st.convs, args.max_new, "new-fingerprint")
-    report["fingerprint_change"] = {
-        "old": st.p["fingerprint"], "new": p3["fingerprint"], "storage_hit_tokens": storage_hits(fresh),
-        "new_dir_files": len(page_files(Path(p3["cache_dir"]))), "old_dir_unchanged": tree_digest(st.cdir) == digest,
-        "dirs": sorted(e.name for e in os.scandir(args.work / "hicache") if e.is_dir()),
-    }  # fmt: skip
-    report["stop_new_fingerprint"] = s3.stop_as_pod()
+    if "fingerprint" in set(args.skip.split(",")):  # the damage alone (a new fingerprint compiles every kernel)
+        report["start_fingerprint_damaged_s"] = ep.start_together([s4])
+    else:
+        fingerprint_change(args, st, report, s4)
     dmg = run_prompts(s4, st.convs, args.max_new, "damaged")
     cmp_dmg = compare(st.cold, dmg)
     per_conv = [int(r[0]["cached"].get("storage") or 0) for r in dmg]
@@ -575,6 +567,23 @@ def step_fingerprint_and_damage(args, st, report: dict) -> None:
     report.setdefault("restarts", []).append({"warm": any(per_conv), "storage_hit_tokens": storage_hits(dmg),
                                               **cmp_dmg, "note": "after damaging pages"})  # fmt: skip
     report["stop_damaged"] = s4.stop_as_pod()
+
+
+def fingerprint_change(args, st, report: dict, damaged: ep.Server) -> None:
+    """A changed fingerprint input (KV dtype), started beside the damaged pod: a new, empty namespace; the old one's
+    listing unchanged."""
+    p3 = ep.plan(args.site, ep.spec_file(args.work, args.tp, kvCacheDtype="bfloat16"), st.model_dir,
+                 args.work / "hicache", 30001, args.host)  # fmt: skip
+    s3 = ep.Server(p3, args.site, st.logs, "new-fingerprint", args.tp)
+    report["start_fingerprint_damaged_s"] = ep.start_together([s3, damaged])
+    digest = tree_digest(st.cdir)  # after both init containers ran (the guard touches its namespace's marker)
+    fresh = run_prompts(s3, st.convs, args.max_new, "new-fingerprint")
+    report["fingerprint_change"] = {
+        "old": st.p["fingerprint"], "new": p3["fingerprint"], "storage_hit_tokens": storage_hits(fresh),
+        "new_dir_files": len(page_files(Path(p3["cache_dir"]))), "old_dir_unchanged": tree_digest(st.cdir) == digest,
+        "dirs": sorted(e.name for e in os.scandir(args.work / "hicache") if e.is_dir()),
+    }  # fmt: skip
+    report["stop_new_fingerprint"] = s3.stop_as_pod()
 
 
 def step_wide(args, st, report: dict) -> None:
@@ -1069,7 +1078,8 @@ def main() -> int:
     ap.add_argument("--host", default="127.0.0.1", help="the one-pod sequence's address (ports 30000-30002)")
     ap.add_argument("--router-net", type=int, default=77, help="loopback 127.0.N.x for the router part's pods")
     ap.add_argument("--max-new", type=int, default=16)
-    ap.add_argument("--skip", default="", help="leave out: fingerprint_and_damage, copy, cold (and restart)")
+    ap.add_argument("--skip", default="",
+                    help="leave out: fingerprint_and_damage (or fingerprint: its first half), copy, cold")
     ap.add_argument("--smoke", action="store_true", help="two conversations, one restart, no damage/fingerprint")
     ap.add_argument("--prompt-chars", type=int, default=32000, help="document size (32000 chars: 8.5k-9.3k tokens)")
     ap.add_argument("--fillers", type=int, default=48)

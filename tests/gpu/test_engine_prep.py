@@ -462,3 +462,26 @@ def test_a_kept_volume_loses_its_model_state_and_keeps_only_its_compiled_kernels
     assert (seeded / JIT_CACHE_DIR / "v1-abc" / "triton" / "k.cubin").exists()
     engine_pod.empty_volume(vol)
     assert list(vol.iterdir()) == [] and not list(tmp_path.glob(".*-compiled"))
+
+
+@pytest.mark.timeout(480)
+def test_the_damage_runs_alone_on_a_kept_volume_when_the_fingerprint_half_is_left_out(tmp_path: Path) -> None:
+    """SIMULATED engine: `--skip fingerprint,copy --keep-compile-caches` (the 2026-12-07 20:16 call): no server of a
+    new fingerprint, the damaged pages still misses judged against the restart, and an earlier call's pages gone."""
+    (tmp_path / "spec").mkdir()
+    _build(tmp_path / "model")
+    fp = engine_pod.plan(tmp_path, engine_pod.spec_file(tmp_path / "spec", 1), tmp_path / "model",
+                         tmp_path / "plan", 30000)["fingerprint"]  # fmt: skip
+    volume = tmp_path / "work" / "hicache"
+    kernels = volume / engine_pod.JIT_DIR / fp / "triton"
+    kernels.mkdir(parents=True)
+    (volume / fp).mkdir()
+    (volume / fp / "page.bin").write_bytes(b"an earlier call's page")
+    r, report = _run(tmp_path, "--parts", "engine", "--skip", "fingerprint,copy", "--keep-compile-caches")
+    bad = {k: v for k, v in report["steps"].items() if v["status"] != "ok"}
+    assert r.returncode == 0 and not bad, r.stdout[-3000:] + json.dumps(bad)[:3000]
+    assert "fingerprint_change" not in report and len(report["start_fingerprint_damaged_s"]) == 1
+    assert report["damage"] == {"zeroed": "miss", "bitflip": "miss", "truncated": "miss"}
+    assert report["damage_detail"]["others_still_hit"] and "copy_gbps" not in report
+    assert kernels.is_dir() and not (volume / fp / "page.bin").exists()
+    assert any(s.startswith("compile caches kept") for s in report["stand_ins"])
