@@ -562,11 +562,15 @@ def step_fingerprint_and_damage(args, st, report: dict) -> None:
     report["damage_detail"] = {"verdicts": verdict, "storage_per_conversation": per_conv,
                                "undamaged_reference": ref_conv,
                                "others_still_hit": all(per_conv[i] > 0 for i in others), **cmp_dmg,
-                               "discards_log": [ln for ln in s4.tail(4000).splitlines()
-                                                if re.search("discard|checksum", ln, re.I)][-20:]}  # fmt: skip
+                               "discards_log": discards(s4.tail(4000))}  # fmt: skip
     report.setdefault("restarts", []).append({"warm": any(per_conv), "storage_hit_tokens": storage_hits(dmg),
                                               **cmp_dmg, "note": "after damaging pages"})  # fmt: skip
     report["stop_damaged"] = s4.stop_as_pod()
+
+
+def discards(log: str) -> list[str]:
+    """The runtime's lines about pages it would not serve (not its `server_args` line, which names a checksum)."""
+    return [ln for ln in log.splitlines() if re.search("discard|checksum", ln, re.I) and "server_args=" not in ln][-20:]
 
 
 def fingerprint_change(args, st, report: dict, damaged: ep.Server) -> None:
