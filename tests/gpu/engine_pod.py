@@ -56,17 +56,13 @@ def utc_now() -> str:
 
 def empty_volume(volume: Path, keep_compiled: bool = False, seed: Path | None = None) -> None:
     """An empty cache volume for a cold start. With `keep_compiled` its compile caches (`JIT_DIR`: kernels, no model
-    state) stay, and `seed`'s are copied in where it has none: a pod's volume keeps them across restarts, and a cold
-    start that compiles everything again costs a device call 150-226 s before any request is served."""
-    kept = volume.parent / f".{volume.name}-compiled"
-    shutil.rmtree(kept, ignore_errors=True)
-    if keep_compiled and (volume / JIT_DIR).is_dir():
-        (volume / JIT_DIR).rename(kept)
-    shutil.rmtree(volume, ignore_errors=True)
-    volume.mkdir(parents=True)
-    if kept.is_dir():
-        kept.rename(volume / JIT_DIR)
-    elif keep_compiled and seed is not None and seed.is_dir():
+    state) stay, or `seed`'s are copied in where it has none: a pod's volume keeps them across restarts, and a cold
+    start that compiles everything again costs a device call 150-300 s before any request is served."""
+    for entry in volume.iterdir() if volume.is_dir() else ():
+        if not (keep_compiled and entry.name == JIT_DIR):
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    volume.mkdir(parents=True, exist_ok=True)
+    if keep_compiled and seed is not None and seed.is_dir() and not (volume / JIT_DIR).exists():
         shutil.copytree(seed, volume / JIT_DIR, symlinks=True)
 
 

@@ -180,12 +180,8 @@ def start(args, st, rep: dict) -> None:
     engine, _, _, _ = ep.operator_modules(args.site)
     st.engine = engine
     root = args.work / "router"
-    for entry in root.iterdir() if root.is_dir() and args.keep_compile_caches else ():
-        if not entry.name.startswith("volume-"):
-            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-    if not args.keep_compile_caches:
-        shutil.rmtree(root, ignore_errors=True)
-    for i in (0, 1):
+    shutil.rmtree(root, ignore_errors=True)
+    for i in (0, 1):  # new volumes; with --keep-compile-caches they take the one-pod volume's kernels
         ep.empty_volume(root / f"volume-{i}", args.keep_compile_caches, args.work / "hicache" / ep.JIT_DIR)
     (root / "logs").mkdir(parents=True)
     st.root, st.logs = root, root / "logs"

@@ -545,10 +545,11 @@ def step_fingerprint_and_damage(args, st, report: dict) -> None:
     report["damage_files"] = damage(st.cdir, st.files_by_conv, tp)  # every server of this namespace is stopped
     p4 = ep.plan(args.site, Path(st.p["spec_path"]), st.model_dir, args.work / "hicache", 30002, args.host)
     s4 = ep.Server(p4, args.site, st.logs, "damaged", tp)
-    if "fingerprint" in set(args.skip.split(",")):  # the damage alone (a new fingerprint compiles every kernel)
-        report["start_fingerprint_damaged_s"] = ep.start_together([s4])
-    else:
-        fingerprint_change(args, st, report, s4)
+    # `--skip fingerprint`: the damage alone (a new fingerprint's first start compiles every kernel)
+    s3 = None if "fingerprint" in args.skip.split(",") else new_fingerprint_server(args, st)
+    report["start_fingerprint_damaged_s"] = ep.start_together([s for s in (s3, s4) if s])
+    if s3:
+        fingerprint_change(args, st, report, s3)
     dmg = run_prompts(s4, st.convs, args.max_new, "damaged")
     cmp_dmg = compare(st.cold, dmg)
     per_conv = [int(r[0]["cached"].get("storage") or 0) for r in dmg]
@@ -568,18 +569,26 @@ def step_fingerprint_and_damage(args, st, report: dict) -> None:
     report["stop_damaged"] = s4.stop_as_pod()
 
 
+DISCARD_LINE = re.compile(r"treating it as a miss|prefetch discarded")
+"""The runtime's own words for a page it will not serve (hicache_storage.py, unified_radix_cache.py)."""
+
+
 def discards(log: str) -> list[str]:
-    """The runtime's lines about pages it would not serve (not its `server_args` line, which names a checksum)."""
-    return [ln for ln in log.splitlines() if re.search("discard|checksum", ln, re.I) and "server_args=" not in ln][-20:]
+    """The runtime's lines about pages it would not serve, the last 20."""
+    return [ln for ln in log.splitlines() if DISCARD_LINE.search(ln)][-20:]
 
 
-def fingerprint_change(args, st, report: dict, damaged: ep.Server) -> None:
-    """A changed fingerprint input (KV dtype), started beside the damaged pod: a new, empty namespace; the old one's
-    listing unchanged."""
+def new_fingerprint_server(args, st) -> ep.Server:
+    """A pod whose spec changes one fingerprint input (KV dtype) on the same volume."""
     p3 = ep.plan(args.site, ep.spec_file(args.work, args.tp, kvCacheDtype="bfloat16"), st.model_dir,
                  args.work / "hicache", 30001, args.host)  # fmt: skip
-    s3 = ep.Server(p3, args.site, st.logs, "new-fingerprint", args.tp)
-    report["start_fingerprint_damaged_s"] = ep.start_together([s3, damaged])
+    return ep.Server(p3, args.site, st.logs, "new-fingerprint", args.tp)
+
+
+def fingerprint_change(args, st, report: dict, s3: ep.Server) -> None:
+    """The changed fingerprint's pod, started beside the damaged one: a new, empty namespace; the old one's listing
+    unchanged."""
+    p3 = s3.p
     digest = tree_digest(st.cdir)  # after both init containers ran (the guard touches its namespace's marker)
     fresh = run_prompts(s3, st.convs, args.max_new, "new-fingerprint")
     report["fingerprint_change"] = {

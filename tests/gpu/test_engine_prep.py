@@ -443,6 +443,21 @@ def test_the_runtime_still_logs_the_start_up_lines_startup_phases_reads() -> Non
     assert got["logged_s"] == 0
 
 
+def test_the_damage_log_keeps_the_runtimes_own_lines_about_pages_it_will_not_serve() -> None:
+    """`run_engine.discards` matches the patched tree's own messages (a reworded one fails here, not on a lease), and
+    not the start-up `server_args` line, whose `model_checksum` an earlier filter took for one."""
+    from harness.sim.sglang_tree import patched_sglang_tree
+
+    tree = patched_sglang_tree()
+    unusable = _runtime_messages(tree, "treating it as a miss")
+    dropped = _runtime_messages(tree, "prefetch discarded")
+    assert len(unusable) >= 2 and len(dropped) == 1, (unusable, dropped)
+    stamp = "[2026-12-07 20:22:18] "
+    lines = [stamp + m for m in [*unusable, dropped[0]]]
+    log = "\n".join([stamp + "server_args={'model_checksum': None, 'kv_cache_dtype': 'fp8_e4m3'}", *lines])
+    assert run_engine.discards(log) == lines
+
+
 def test_a_kept_volume_loses_its_model_state_and_keeps_only_its_compiled_kernels(tmp_path: Path) -> None:
     """`--keep-compile-caches`: a later call on the same machine starts as a restarted pod (kernels on the volume),
     never warm from an earlier call's pages; the router's new volumes take the one-pod volume's kernels."""
