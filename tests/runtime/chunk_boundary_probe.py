@@ -170,5 +170,9 @@ if __name__ == "__main__":
         "control_2grid_plus_2": (2 * GRID + 2, None),
         "exact_4grid_chunked_2grid": (4 * GRID, 2 * GRID),
         "control_4grid_plus_2_chunked": (4 * GRID + 2, 2 * GRID),
+        # chunks of one grid (the engine run's token call): the last chunk starts where an identical prompt's hit ends
+        "grid_chunked_5grid_plus_10": (5 * GRID + 10, GRID),
+        "grid_chunked_5grid_plus_1": (5 * GRID + 1, GRID),
+        "grid_chunked_exact_5grid": (5 * GRID, GRID),
     }
     print(json.dumps({name: scenario(*args) for name, args in cases.items()}))

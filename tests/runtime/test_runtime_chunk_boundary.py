@@ -69,3 +69,15 @@ def test_controls_unchanged(reports, name):
         assert tracks(parent) == [([0, 2 * G + 2], 2 * G, "h", 2 * G)]
     if name == "control_4grid_plus_2_chunked":
         assert [t[1] for t in tracks(parent)] == [2 * G, 4 * G, None]
+
+
+@pytest.mark.parametrize("name", ["grid_chunked_5grid_plus_10", "grid_chunked_5grid_plus_1",
+                                  "grid_chunked_exact_5grid"])
+def test_grid_chunks_end_the_hit_where_the_last_chunk_starts(reports, name):
+    """With --chunked-prefill-size at the grid (tests/gpu/README, the token call), an identical prompt's hit resumes
+    exactly where the cold run's last chunk began: the restored state is extended by the same computation the cold
+    run made, so a restart's answer can be held against the cold one bit for bit."""
+    case = reports["patched"][name]
+    last_start = case["extends"][-1]["extend"][0]
+    assert last_start == (case["prompt"] - 1) // G * G
+    assert case["matched"] == last_start
