@@ -435,13 +435,18 @@ def test_a_groups_readiness_reaches_status_through_the_leaderworkerset_watch_not
 
 
 @pytest.fixture
-def first_pass_meets_a_forming_group(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """The operator's (in-process) first pass of a server lists its pods as they are once LWS has made a group's
-    leader and not yet its worker: what a pass slowed by a loaded machine meets by chance. It waits up to 10 s for
-    that moment (LeaderCreated gives it: the worker StatefulSet comes after the leader pod); where the window
-    between the two was shorter than a list (a loaded machine), the pass is handed the list of that moment: the
-    pods it found, but for the first group's workers. The pods that first pass saw are recorded."""
+def first_pass_meets_a_forming_group(monkeypatch: pytest.MonkeyPatch, namespace: str) -> list[list[str]]:
+    """The operator's (in-process) first pass of this test's server lists its pods as they are once LWS has made a
+    group's leader and not yet its worker: what a pass slowed by a loaded machine meets by chance. Only this
+    namespace's passes are touched (in a full run another module's server, still resyncing, once took the first
+    pass and recorded its empty list). The pass waits up to 90 s for its first list that holds a leader
+    (LeaderCreated gives it: the worker StatefulSet comes after the leader pod); where the window between leader
+    and worker was shorter than a list (a loaded machine), the pass is handed the list of that moment: the pods it
+    found, but for the first group's workers. The pods that first pass saw are recorded."""
     real, seen = gather.pods, []
+
+    def has_leader(found: gather.Pods) -> bool:
+        return any(0 in members for members in group_rollout.groups_of(found.serving).values())
 
     def forming(found: gather.Pods) -> bool:
         groups = group_rollout.groups_of(found.serving)
@@ -455,9 +460,9 @@ def first_pass_meets_a_forming_group(monkeypatch: pytest.MonkeyPatch) -> list[li
 
     def pods(kube: Any, meta: dict) -> gather.Pods:
         found = real(kube, meta)
-        if not seen:
-            deadline = time.monotonic() + 10
-            while not forming(found) and time.monotonic() < deadline:
+        if not seen and meta["namespace"] == namespace:
+            deadline = time.monotonic() + 90
+            while not has_leader(found) and time.monotonic() < deadline:
                 time.sleep(0.05)
                 found = real(kube, meta)
             if not forming(found):
